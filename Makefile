@@ -1,0 +1,29 @@
+# Each target bootstraps .venv from pyproject.toml on first use (python3 >= 3.10 needed).
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint bench docs clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)  ## a real celery worker on akadze, ~1,000 tasks, throughput and nothing lost
+	$(PY) examples/demo.py
+
+test: $(STAMP)  ## the whole suite; AKADZE_TEST_URL picks a server, else embedded PostgreSQL
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+
+bench: $(STAMP)  ## by hand: ratios against RabbitMQ measured in the same run
+	$(PY) benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) .akadze .pytest_cache .mypy_cache .ruff_cache

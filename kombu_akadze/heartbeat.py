@@ -1,0 +1,114 @@
+"""The thread that keeps one consuming connection's leases alive (and runs rescue); it logs, never raises."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from kombu_akadze import rescue
+from kombu_akadze.errors import AkadzeError
+from kombu_akadze.store import Store
+
+logger = logging.getLogger("kombu_akadze")
+
+
+class Heartbeat:
+    """Marks one consumer alive every *interval* seconds on its own database session."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        consumer_id: str,
+        hostname: str,
+        pid: int,
+        interval: float,
+        ttl: float,
+        rescue_interval: float,
+        max_attempts: int,
+    ) -> None:
+        self.store = store
+        self.consumer_id = consumer_id
+        self.hostname = hostname
+        self.pid = pid
+        self.interval = interval
+        self.ttl = ttl
+        self.rescue_interval = rescue_interval
+        self.max_attempts = max_attempts
+        self.beats = 0
+        self.rescues = 0
+        self.last_ok = 0.0
+        self._stop = threading.Event()
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self.on_beat: Callable[[], None] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def healthy(self) -> bool:
+        """True while the last successful heartbeat is younger than the TTL."""
+        return self.last_ok > 0 and time.monotonic() - self.last_ok < self.ttl
+
+    def start(self) -> None:
+        """Register the consumer (raising if the database refuses), then beat in the background."""
+        self.beat(raise_errors=True)
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=f"akadze-heartbeat-{self.consumer_id}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        self._thread = None
+        self.store.close()
+
+    def beat(self, *, raise_errors: bool = False) -> bool:
+        try:
+            self.store.consumer_heartbeat(consumer_id=self.consumer_id, hostname=self.hostname, pid=self.pid)
+        except AkadzeError as exc:
+            if raise_errors:
+                raise
+            logger.warning("kombu-akadze heartbeat of %s failed, will retry: %s", self.consumer_id, exc)
+            return False
+        self.last_ok = time.monotonic()
+        with self._changed:
+            self.beats += 1
+            self._changed.notify_all()
+        if self.on_beat is not None:
+            self.on_beat()
+        return True
+
+    def rescue_once(self) -> rescue.RescueResult | None:
+        try:
+            result = rescue.run_once(self.store, ttl=self.ttl, max_attempts=self.max_attempts)
+        except AkadzeError as exc:
+            logger.warning("kombu-akadze rescue pass failed, will retry: %s", exc)
+            return None
+        with self._changed:
+            self.rescues += 1
+            self._changed.notify_all()
+        return result
+
+    def wait_for(self, predicate: Callable[[Heartbeat], bool], timeout: float) -> bool:
+        """Block until *predicate(self)* holds (tests wait on beats and rescues, never sleep)."""
+        with self._changed:
+            return self._changed.wait_for(lambda: predicate(self), timeout)
+
+    def _run(self) -> None:
+        next_rescue = time.monotonic()
+        failures = 0
+        while True:
+            now = time.monotonic()
+            if now >= next_rescue:
+                self.rescue_once()
+                next_rescue = now + self.rescue_interval
+            delay = self.interval if failures == 0 else min(self.interval, 0.25 * 2 ** min(failures, 5))
+            if self._stop.wait(delay):
+                return
+            failures = 0 if self.beat() else failures + 1

@@ -1,0 +1,150 @@
+"""Every transport option: name, type, default, unit, meaning and validation, in one place."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from kombu_akadze.errors import ConfigurationError
+
+logger = logging.getLogger("kombu_akadze")
+
+# Options kombu, Celery or other transports put in transport_options; accepted and ignored here.
+FOREIGN_OPTIONS = frozenset(
+    {
+        "body_encoding",
+        "deadletter_queue",
+        "confirm_publish",
+        "max_retries",
+        "interval_start",
+        "interval_step",
+        "interval_max",
+        "visibility_timeout",
+        "global_keyprefix",
+        "socket_timeout",
+        "socket_connect_timeout",
+        "client_properties",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Options:
+    """Validated transport options (``broker_transport_options`` in Celery)."""
+
+    #: PostgreSQL schema that holds the tables (created by the migrations).
+    schema: str = "akadze"
+    #: Apply pending migrations on first connect; off: a pending schema is an error.
+    auto_migrate: bool = True
+    #: Seconds between heartbeats of a consuming connection.
+    heartbeat_interval: float = 5.0
+    #: Seconds without a heartbeat after which a consumer is dead and its messages are rescued.
+    heartbeat_ttl: float = 30.0
+    #: Seconds between rescue passes run by each live consumer.
+    rescue_interval: float = 5.0
+    #: Runs a message may start before it goes to dead letters (per queue: ``queue_max_attempts``).
+    max_attempts: int = 20
+    #: Per-queue override of ``max_attempts``: {"queue name": attempts}.
+    queue_max_attempts: Mapping[str, int] | None = None
+    #: Seconds of the safety poll (jittered between half and all of it); LISTEN wakes consumers sooner.
+    poll_interval: float = 1.0
+    #: Use LISTEN/NOTIFY wake-ups; off for PgBouncer transaction pooling.
+    listen: bool = True
+    #: Most messages one claim takes when the channel has no prefetch limit.
+    claim_batch: int = 100
+    #: Seconds to wait for a new database connection.
+    connect_timeout: float = 10.0
+    #: Largest message body accepted at publish, in bytes (0: no limit).
+    max_message_size: int = 0
+
+    @classmethod
+    def from_transport_options(cls, raw: Mapping[str, Any] | None) -> Options:
+        raw = dict(raw or {})
+        if "polling_interval" in raw and "poll_interval" not in raw:
+            raw["poll_interval"] = raw.pop("polling_interval")
+        raw.pop("polling_interval", None)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known - FOREIGN_OPTIONS)
+        if unknown:
+            logger.warning(
+                "kombu-akadze ignores unknown transport option(s) %s; valid options: %s",
+                ", ".join(unknown),
+                ", ".join(sorted(known)),
+            )
+        values = {name: raw[name] for name in known if name in raw}
+        opts = cls(**{name: _coerce(name, value) for name, value in values.items()})
+        opts.validate()
+        return opts
+
+    def validate(self) -> None:
+        if not isinstance(self.schema, str) or not 0 < len(self.schema) <= 48 or "\x00" in self.schema:
+            raise ConfigurationError(
+                f"transport option schema={self.schema!r} is not valid: use a name of 1 to 48 characters"
+            )
+        for name in ("heartbeat_interval", "heartbeat_ttl", "rescue_interval", "poll_interval", "connect_timeout"):
+            if getattr(self, name) <= 0:
+                raise ConfigurationError(f"transport option {name} must be a number of seconds > 0")
+        if self.heartbeat_ttl < 2 * self.heartbeat_interval:
+            raise ConfigurationError(
+                f"heartbeat_ttl ({self.heartbeat_ttl} s) must be at least twice heartbeat_interval "
+                f"({self.heartbeat_interval} s), or one late heartbeat would look like a dead worker"
+            )
+        if self.max_attempts < 1:
+            raise ConfigurationError("transport option max_attempts must be an integer >= 1")
+        for queue, attempts in (self.queue_max_attempts or {}).items():
+            if not isinstance(attempts, int) or attempts < 1:
+                raise ConfigurationError(f"queue_max_attempts[{queue!r}] must be an integer >= 1, not {attempts!r}")
+        if self.claim_batch < 1:
+            raise ConfigurationError("transport option claim_batch must be an integer >= 1")
+        if self.max_message_size < 0:
+            raise ConfigurationError("transport option max_message_size must be >= 0 bytes (0: no limit)")
+
+    def max_attempts_for(self, queue: str) -> int | None:
+        """The configured per-queue max_attempts, if any."""
+        return (self.queue_max_attempts or {}).get(queue)
+
+
+_BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, str):
+        return _BOOL_WORDS[value.strip().lower()]
+    if isinstance(value, bool | int):
+        return bool(value)
+    raise TypeError(value)
+
+
+def _to_int(value: Any) -> int:
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise TypeError(value)
+    return int(value)
+
+
+def _to_float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise TypeError(value)
+    return float(value)
+
+
+def _to_mapping(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError(value)
+    return {str(k): v for k, v in value.items()}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    default = Options.__dataclass_fields__[name].default
+    converters: dict[type, Any] = {bool: _to_bool, int: _to_int, float: _to_float, str: str}
+    convert = converters.get(type(default), _to_mapping)
+    try:
+        return convert(value)
+    except (TypeError, ValueError, KeyError):
+        kind = type(default).__name__ if default is not None else "mapping"
+        raise ConfigurationError(
+            f"transport option {name}={value!r} is not valid: expected {kind} (default {default!r})"
+        ) from None

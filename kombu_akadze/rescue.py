@@ -1,0 +1,37 @@
+"""Rescue: messages held by dead consumers go back to ready (an attempt spent) or to dead letters."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import datetime
+
+from kombu_akadze.store import Store
+
+logger = logging.getLogger("kombu_akadze")
+
+#: Seconds between rescue passes of one live consumer.
+DEFAULT_INTERVAL = 5.0
+
+
+@dataclass(frozen=True)
+class RescueResult:
+    requeued: int
+    dead: int
+    consumers_gone: int
+
+
+def run_once(store: Store, *, ttl: float, max_attempts: int, now: datetime | None = None) -> RescueResult:
+    """One pass over every queue of the schema; safe to run from many consumers at once."""
+    outcome = store.lease_rescue(ttl=ttl, max_attempts=max_attempts, now=now)
+    result = RescueResult(len(outcome.ready), len(outcome.dead), outcome.consumers_gone)
+    if result.requeued or result.dead or result.consumers_gone:
+        logger.warning(
+            "kombu-akadze rescue: %d consumer(s) missed their heartbeat for %.0f s; "
+            "%d message(s) back to ready, %d to dead letters (max_attempts exceeded)",
+            result.consumers_gone,
+            ttl,
+            result.requeued,
+            result.dead,
+        )
+    return result

@@ -1,0 +1,64 @@
+"""Loads the named SQL blocks of kombu_akadze/sql/*.sql once, and the numbered migrations."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+_NAME = re.compile(r"^-- name: (?P<name>[a-z_]+)\s*$", re.M)
+_MIGRATION = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    text: str
+
+
+def quote_ident(name: str) -> str:
+    """Quote a PostgreSQL identifier: names are data, never SQL."""
+    if not name or "\x00" in name:
+        raise ValueError("an identifier must be a non-empty string without NUL characters")
+    return '"' + name.replace('"', '""') + '"'
+
+
+@cache
+def blocks(filename: str) -> dict[str, str]:
+    """Every ``-- name: x`` block of one file under sql/, keyed by name."""
+    text = resources.files("kombu_akadze").joinpath("sql", filename).read_text(encoding="utf-8")
+    found: dict[str, str] = {}
+    matches = list(_NAME.finditer(text))
+    for i, match in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
+        body = text[match.end() : end].strip()
+        if match["name"] in found:
+            raise RuntimeError(f"duplicate SQL block {match['name']!r} in {filename}")
+        found[match["name"]] = body
+    return found
+
+
+def render(filename: str, name: str, **identifiers: str) -> str:
+    """Block *name* of *filename* with each ``{identifier}`` replaced by its quoted value."""
+    text = blocks(filename)[name]
+    for key, value in identifiers.items():
+        text = text.replace("{" + key + "}", quote_ident(value))
+    return text
+
+
+@cache
+def migrations() -> tuple[Migration, ...]:
+    """All migrations shipped with this package, oldest first."""
+    folder = resources.files("kombu_akadze").joinpath("sql", "migrations")
+    found = []
+    for entry in folder.iterdir():
+        match = _MIGRATION.match(entry.name)
+        if match:
+            found.append(Migration(int(match["version"]), match["name"], entry.read_text(encoding="utf-8")))
+    found.sort(key=lambda m: m.version)
+    for expected, migration in enumerate(found, start=1):
+        if migration.version != expected:
+            raise RuntimeError(f"migrations must be numbered 1..n without gaps; found {migration.version}")
+    return tuple(found)

@@ -1,0 +1,425 @@
+"""The only module that runs SQL at run time: one method per named query, psycopg errors translated here."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from kombu.utils import json as kombu_json
+from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from kombu_akadze import sqlfiles
+from kombu_akadze.errors import (
+    DatabaseError,
+    SchemaNotAppliedError,
+    TransientDatabaseError,
+)
+from kombu_akadze.urls import mask_password
+
+logger = logging.getLogger("kombu_akadze")
+
+DRIVER_VERSION = psycopg.__version__
+
+#: A claimed run of a message: the row id and the run_count it was claimed with.
+Tag = tuple[int, int]
+
+# libpq defaults that make a black-holed TCP connection fail within seconds, not hours;
+# a URL or conninfo that sets any of these wins.
+KEEPALIVE_DEFAULTS = {
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "20000",
+}
+
+# SQLSTATE classes that a retry can outlive: connection exceptions, insufficient
+# resources (too many connections), operator intervention (admin shutdown, crash,
+# cannot connect now), transaction rollback (deadlock, serialization), and a
+# read-only transaction (we reached a standby during failover).
+_TRANSIENT_SQLSTATE_PREFIXES = ("08", "53", "57P", "40")
+_TRANSIENT_SQLSTATES = {"25006", "57014"}
+
+# Connections inherited by a forked child: kept referenced so that garbage
+# collection never closes them, which would end the parent's sessions.
+_INHERITED: list[Any] = []
+_LIVE_STORES: weakref.WeakSet[Store] = weakref.WeakSet()
+
+
+def _forget_after_fork() -> None:
+    for store in list(_LIVE_STORES):
+        store.forget()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+@dataclass(frozen=True)
+class ClaimedMessage:
+    id: int
+    queue: str
+    priority: int
+    body: bytes
+    content_type: str | None
+    content_encoding: str | None
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+    run_count: int
+    attempts: int
+
+    @property
+    def tag(self) -> Tag:
+        return (self.id, self.run_count)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a requeue or rescue did: ids back to ready, ids sent to dead letters."""
+
+    ready: frozenset[int]
+    dead: frozenset[int]
+    consumers_gone: int = 0
+
+
+@dataclass(frozen=True)
+class NewMessage:
+    queue: str
+    body: bytes
+    priority: int = 0
+    content_type: str | None = None
+    content_encoding: str | None = None
+    headers: dict[str, Any] | None = None
+    properties: dict[str, Any] | None = None
+    delay: float = 0.0
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a psycopg error is one a reconnect or retry can outlive."""
+    if isinstance(exc, psycopg.InterfaceError):
+        return True
+    if not isinstance(exc, psycopg.Error):
+        return False
+    state = exc.sqlstate
+    if state is None:
+        return isinstance(exc, psycopg.OperationalError)
+    return state in _TRANSIENT_SQLSTATES or state.startswith(_TRANSIENT_SQLSTATE_PREFIXES)
+
+
+def translate(exc: psycopg.Error, what: str, schema: str) -> DatabaseError:
+    """The kombu-akadze error for a psycopg error; callers ``raise translate(...) from exc``."""
+    detail = mask_password(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+    if is_transient(exc):
+        return TransientDatabaseError(f"{what}: transient database error, will retry: {detail}")
+    if isinstance(exc, pg_errors.UndefinedTable | pg_errors.InvalidSchemaName):
+        return SchemaNotAppliedError(
+            f"{what}: the kombu-akadze schema {schema!r} is not there ({detail}); "
+            "run `akadze migrate --url ...` or enable the transport option auto_migrate"
+        )
+    if isinstance(exc, pg_errors.InsufficientPrivilege):
+        return DatabaseError(
+            f"{what}: permission denied ({detail}); the role needs SELECT, INSERT, UPDATE, DELETE "
+            f"on the tables of schema {schema!r} (see docs/operations.md)"
+        )
+    return DatabaseError(f"{what}: {detail}")
+
+
+def connect(dsn: str, *, role: str, connect_timeout: float, autocommit: bool = True) -> psycopg.Connection[Any]:
+    """A new connection with keepalive defaults and an application_name that names its role."""
+    params: dict[str, Any] = dict(conninfo_to_dict(dsn))
+    is_socket = str(params.get("host", "")).startswith("/")
+    if not is_socket:
+        for key, value in KEEPALIVE_DEFAULTS.items():
+            params.setdefault(key, value)
+    params.setdefault("application_name", f"akadze-{role}")
+    params.setdefault("connect_timeout", str(max(1, int(connect_timeout))))
+    conn = psycopg.connect(**params, autocommit=autocommit)
+    kombu_json_setup(conn)
+    return conn
+
+
+def kombu_json_setup(conn: psycopg.Connection[Any]) -> None:
+    """JSON columns use kombu's codec so datetimes, UUIDs and decimals in headers round-trip."""
+    psycopg.types.json.set_json_loads(kombu_json.loads, conn)
+    psycopg.types.json.set_json_dumps(kombu_json.dumps, conn)
+
+
+class Store:
+    """One database session (autocommit) and the named queries that run on it. Thread-safe."""
+
+    def __init__(self, dsn: str, *, schema: str, role: str = "command", connect_timeout: float = 10.0) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        self.role = role
+        self.connect_timeout = connect_timeout
+        self.channel = notify_channel(schema)
+        self._conn: psycopg.Connection[Any] | None = None
+        self._lock = threading.RLock()
+        _LIVE_STORES.add(self)
+
+    def __repr__(self) -> str:
+        return f"<Store {self.role} {mask_password(self.dsn)} schema={self.schema!r}>"
+
+    # -- connection ---------------------------------------------------------
+
+    def connection(self) -> psycopg.Connection[Any]:
+        with self._lock:
+            if self._conn is None or self._conn.closed or self._conn.broken:
+                self._drop()
+                try:
+                    self._conn = connect(self.dsn, role=self.role, connect_timeout=self.connect_timeout)
+                except psycopg.Error as exc:
+                    raise translate(exc, f"connecting to {mask_password(self.dsn)}", self.schema) from exc
+            return self._conn
+
+    @property
+    def connected(self) -> bool:
+        conn = self._conn
+        return conn is not None and not conn.closed and not conn.broken
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def forget(self) -> None:
+        """After fork: never touch the parent's session from the child (see _INHERITED)."""
+        if self._conn is not None:
+            _INHERITED.append(self._conn)
+        self._conn = None
+        self._lock = threading.RLock()
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):  # closing a broken connection: nothing left to save
+                conn.close()
+
+    def _run(self, name: str, params: dict[str, Any] | None = None, *, fetch: bool = True) -> list[dict[str, Any]]:
+        query = sqlfiles.render("queries.sql", name, schema=self.schema)
+        with self._lock:
+            conn = self.connection()
+            try:
+                with conn.cursor(row_factory=dict_row) as cur:
+                    cur.execute(query, params or {})
+                    return cur.fetchall() if fetch and cur.description else []
+            except psycopg.Error as exc:
+                if conn.broken or is_transient(exc):
+                    self._drop()
+                raise translate(exc, name, self.schema) from exc
+
+    # -- messages -----------------------------------------------------------
+
+    def message_insert(self, message: NewMessage, *, now: datetime | None = None) -> int:
+        rows = self._run(
+            "message_insert",
+            {
+                "queue": message.queue,
+                "priority": message.priority,
+                "body": message.body,
+                "content_type": message.content_type,
+                "content_encoding": message.content_encoding,
+                "headers": Jsonb(message.headers or {}),
+                "properties": Jsonb(message.properties or {}),
+                "delay": float(message.delay),
+                "now": now,
+                "channel": self.channel,
+            },
+        )
+        return int(rows[0]["id"])
+
+    def message_insert_many(self, messages: Sequence[NewMessage], *, now: datetime | None = None) -> int:
+        if not messages:
+            return 0
+        self._run(
+            "message_insert_many",
+            {
+                "queues": [m.queue for m in messages],
+                "priorities": [m.priority for m in messages],
+                "bodies": [m.body for m in messages],
+                "content_types": [m.content_type for m in messages],
+                "content_encodings": [m.content_encoding for m in messages],
+                "headers": [Jsonb(m.headers or {}) for m in messages],
+                "properties": [Jsonb(m.properties or {}) for m in messages],
+                "delays": [float(m.delay) for m in messages],
+                "now": now,
+                "channel": self.channel,
+            },
+        )
+        return len(messages)
+
+    def message_claim(
+        self, *, queues: Sequence[str], limits: Sequence[int], owner: str, now: datetime | None = None
+    ) -> list[ClaimedMessage]:
+        rows = self._run(
+            "message_claim",
+            {"queues": list(queues), "limits": list(limits), "owner": owner, "now": now},
+        )
+        claimed = [
+            ClaimedMessage(
+                id=r["id"],
+                queue=r["queue"],
+                priority=r["priority"],
+                body=bytes(r["body"]),
+                content_type=r["content_type"],
+                content_encoding=r["content_encoding"],
+                headers=r["headers"],
+                properties=r["properties"],
+                run_count=r["run_count"],
+                attempts=r["attempts"],
+            )
+            for r in rows
+        ]
+        claimed.sort(key=lambda m: (-m.priority, m.id))
+        return claimed
+
+    def message_ack(self, tags: Iterable[Tag]) -> set[int]:
+        return self._ids("message_ack", tags)
+
+    def message_release(self, tags: Iterable[Tag]) -> set[int]:
+        return self._ids("message_release", tags, channel=self.channel)
+
+    def message_bury(self, tags: Iterable[Tag], *, reason: str) -> set[int]:
+        return self._ids("message_bury", tags, reason=reason)
+
+    def message_requeue(self, tags: Iterable[Tag], *, max_attempts: int) -> Outcome:
+        ids, run_counts = _split(tags)
+        if not ids:
+            return Outcome(frozenset(), frozenset())
+        rows = self._run(
+            "message_requeue",
+            {
+                "ids": ids,
+                "run_counts": run_counts,
+                "max_attempts": max_attempts,
+                "exhausted_reason": "max_attempts exceeded",
+                "channel": self.channel,
+            },
+        )
+        return _outcome(rows)
+
+    def _ids(self, name: str, tags: Iterable[Tag], **extra: Any) -> set[int]:
+        ids, run_counts = _split(tags)
+        if not ids:
+            return set()
+        rows = self._run(name, {"ids": ids, "run_counts": run_counts, **extra})
+        return {int(r["id"]) for r in rows}
+
+    def lease_rescue(self, *, ttl: float, max_attempts: int, now: datetime | None = None) -> Outcome:
+        rows = self._run(
+            "lease_rescue",
+            {
+                "ttl": float(ttl),
+                "max_attempts": max_attempts,
+                "exhausted_reason": "max_attempts exceeded",
+                "now": now,
+                "channel": self.channel,
+            },
+        )
+        return _outcome(rows)
+
+    def message_get(self, message_id: int) -> dict[str, Any] | None:
+        rows = self._run("message_get", {"id": message_id})
+        return rows[0] if rows else None
+
+    def message_counts(self) -> dict[tuple[str, str], int]:
+        return {(r["queue"], r["state"]): int(r["n"]) for r in self._run("message_counts")}
+
+    def deadletter_list(self, *, queue: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        return self._run("deadletter_list", {"queue": queue, "limit": limit})
+
+    # -- consumers ----------------------------------------------------------
+
+    def consumer_heartbeat(self, *, consumer_id: str, hostname: str, pid: int, now: datetime | None = None) -> None:
+        self._run("consumer_heartbeat", {"id": consumer_id, "hostname": hostname, "pid": pid, "now": now})
+
+    def consumer_delete(self, *, consumer_id: str) -> None:
+        self._run("consumer_delete", {"id": consumer_id}, fetch=False)
+
+    # -- queues -------------------------------------------------------------
+
+    def queue_declare(
+        self, *, name: str, max_attempts: int | None = None, arguments: dict[str, Any] | None = None
+    ) -> None:
+        self._run(
+            "queue_declare",
+            {"name": name, "max_attempts": max_attempts, "arguments": Jsonb(arguments or {})},
+            fetch=False,
+        )
+
+    def queue_exists(self, *, name: str) -> bool:
+        return bool(self._run("queue_exists", {"name": name})[0]["present"])
+
+    def queue_size(self, *, name: str, now: datetime | None = None) -> int:
+        return int(self._run("queue_size", {"name": name, "now": now})[0]["ready"])
+
+    def queue_purge(self, *, name: str) -> int:
+        return int(self._run("queue_purge", {"name": name})[0]["purged"])
+
+    def queue_delete(self, *, name: str) -> int:
+        return int(self._run("queue_delete", {"name": name})[0]["deleted"])
+
+    # -- LISTEN -------------------------------------------------------------
+
+    def listen_start(self) -> int:
+        """Open (or reopen) this session, LISTEN on the schema's channel; returns the socket fd."""
+        query = sqlfiles.render("queries.sql", "listen_start", channel=self.channel)
+        with self._lock:
+            conn = self.connection()
+            try:
+                conn.execute(query)
+            except psycopg.Error as exc:
+                self._drop()
+                raise translate(exc, "listen_start", self.schema) from exc
+            return conn.fileno()
+
+    def listen_notifies(self) -> list[str]:
+        """Read what arrived on the socket without blocking; the payloads (queue names) of wake-ups."""
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise TransientDatabaseError("listen_notifies: the LISTEN session is not open")
+            pgconn = conn.pgconn
+            try:
+                pgconn.consume_input()
+            except psycopg.Error as exc:
+                self._drop()
+                raise translate(exc, "listen_notifies", self.schema) from exc
+            if pgconn.status != psycopg.pq.ConnStatus.OK:
+                self._drop()
+                raise TransientDatabaseError("listen_notifies: the LISTEN session was lost")
+            payloads = []
+            while (note := pgconn.notifies()) is not None:
+                payloads.append(note.extra.decode("utf-8", "replace"))
+            return payloads
+
+
+def notify_channel(schema: str) -> str:
+    """The NOTIFY channel of one schema (an identifier of at most 63 bytes)."""
+    return ("akadze." + schema)[:63]
+
+
+def _split(tags: Iterable[Tag]) -> tuple[list[int], list[int]]:
+    ids: list[int] = []
+    run_counts: list[int] = []
+    for message_id, run_count in tags:
+        ids.append(int(message_id))
+        run_counts.append(int(run_count))
+    return ids, run_counts
+
+
+def _outcome(rows: list[dict[str, Any]]) -> Outcome:
+    ready = frozenset(int(r["id"]) for r in rows if r["outcome"] == "ready")
+    dead = frozenset(int(r["id"]) for r in rows if r["outcome"] == "dead")
+    gone = sum(1 for r in rows if r["outcome"] == "consumer_gone")
+    return Outcome(ready, dead, gone)

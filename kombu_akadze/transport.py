@@ -1,0 +1,397 @@
+"""kombu-akadze transport: PostgreSQL as a kombu/Celery broker with leases, heartbeats and fenced acks.
+
+Features
+========
+* Type: Virtual
+* Supports Direct: Yes
+* Supports Topic: Yes
+* Supports Fanout: No (in-process only, like kombu's other virtual transports)
+* Supports Priority: Yes (0-9, higher first)
+* Supports TTL: No
+
+Delivery is at least once: a claimed message is *held* by its consumer, whose
+heartbeat keeps the lease alive. Ack deletes the row, fenced on the
+``run_count`` the message was claimed with; a consumer that missed its
+heartbeat for ``heartbeat_ttl`` loses its messages to rescue, and its late acks
+change nothing. Nothing leaves the queue table except a fenced ack or an
+explicit purge/delete: every other exit goes to dead letters.
+
+Connection String
+=================
+.. code-block::
+
+    akadze+postgresql://user:password@host:5432/dbname?sslmode=require
+    akadze+postgresql://user@/dbname?host=/var/run/postgresql
+    akadze+postgresql://user@a:5432,b:5432/dbname?target_session_attrs=read-write
+    akadze://          (an embedded PostgreSQL, for demos and tests)
+
+or ``broker_url = "postgresql://..."`` with
+``broker_transport = "kombu_akadze.transport:Transport"``.
+
+Transport Options
+=================
+* ``schema`` (str, default ``"akadze"``): schema holding the tables.
+* ``auto_migrate`` (bool, default ``True``): apply pending migrations on connect.
+* ``heartbeat_interval`` (float, default 5, seconds): consumer heartbeat period.
+* ``heartbeat_ttl`` (float, default 30, seconds): silence after which a consumer is dead.
+* ``rescue_interval`` (float, default 5, seconds): period of each consumer's rescue pass.
+* ``max_attempts`` (int, default 20): runs before a message goes to dead letters.
+* ``queue_max_attempts`` (dict, default ``{}``): per-queue ``max_attempts``.
+* ``poll_interval`` (float, default 1, seconds; alias ``polling_interval``): safety poll.
+* ``listen`` (bool, default ``True``): LISTEN/NOTIFY wake-ups (off for PgBouncer).
+* ``claim_batch`` (int, default 100): most messages per claim without a prefetch limit.
+* ``connect_timeout`` (float, default 10, seconds): new-connection timeout.
+* ``max_message_size`` (int, default 0 = no limit, bytes): largest body accepted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from queue import Empty
+from typing import Any
+
+from kombu.exceptions import ChannelError
+from kombu.exceptions import ConnectionError as KombuConnectionError
+from kombu.transport import virtual
+from kombu.utils.objects import cached_property
+
+from kombu_akadze import embedded, migrate
+from kombu_akadze.errors import AkadzeError, MessageTooLargeError, TransientDatabaseError
+from kombu_akadze.events import Listener, jittered
+from kombu_akadze.heartbeat import Heartbeat
+from kombu_akadze.options import Options
+from kombu_akadze.qos import QoS, make_tag, parse_tag
+from kombu_akadze.store import DRIVER_VERSION, ClaimedMessage, NewMessage, Store
+from kombu_akadze.urls import is_embedded, mask_password, to_dsn
+
+logger = logging.getLogger("kombu_akadze")
+
+
+class Channel(virtual.Channel):
+    """A kombu channel whose queues are rows of the messages table."""
+
+    QoS = QoS
+    connection: Transport
+    # Bodies are stored as bytea, so no base64 detour.
+    body_encoding = None  # type: ignore[assignment]
+
+    @property
+    def store(self) -> Store:
+        return self.connection.store
+
+    @property
+    def max_attempts_default(self) -> int:
+        return self.connection.options.max_attempts
+
+    # -- publish ------------------------------------------------------------
+
+    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        self.store.message_insert(self._new_message(queue, message))
+
+    def _new_message(self, queue: str, message: dict[str, Any]) -> NewMessage:
+        body = message.get("body") or b""
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        limit = self.connection.options.max_message_size
+        if limit and len(body) > limit:
+            raise MessageTooLargeError(
+                f"message body of {len(body)} bytes for queue {queue!r} is over max_message_size={limit} bytes; "
+                "put the payload in object storage and send a reference, or raise the transport option"
+            )
+        properties = dict(message.get("properties") or {})
+        properties.pop("delivery_tag", None)
+        return NewMessage(
+            queue=queue,
+            body=bytes(body),
+            priority=self._get_message_priority(message),
+            content_type=message.get("content-type"),
+            content_encoding=message.get("content-encoding"),
+            headers=dict(message.get("headers") or {}),
+            properties=properties,
+        )
+
+    # -- consume ------------------------------------------------------------
+
+    def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
+        claimed = self.connection.claim([queue], [1])
+        if not claimed:
+            raise Empty()
+        return payload_of(claimed[0])
+
+    def _size(self, queue: str) -> int:
+        return self.store.queue_size(name=queue)
+
+    def _purge(self, queue: str) -> int:
+        return self.store.queue_purge(name=queue)
+
+    def _new_queue(self, queue: str, **kwargs: Any) -> None:
+        self.connection.declare_queue(queue, kwargs.get("arguments") or {})
+
+    def _has_queue(self, queue: str, **kwargs: Any) -> bool:
+        return self.store.queue_exists(name=queue)
+
+    def _delete(self, queue: str, *args: Any, **kwargs: Any) -> None:
+        self.connection.forget_queue(queue)
+        self.store.queue_delete(name=queue)
+
+    def queue_delete(self, queue: str, if_unused: bool = False, if_empty: bool = False, **kwargs: Any) -> int | None:
+        """Drop the queue and its messages (kombu only calls _delete for bindings it saw)."""
+        if if_empty and self._size(queue):
+            return None
+        self.state.queue_bindings_delete(queue)
+        self.connection.forget_queue(queue)
+        return self.store.queue_delete(name=queue)
+
+    def _restore(self, message: Any) -> None:
+        """Give one held message back in place; kombu's default would insert a copy."""
+        self.store.message_release([parse_tag(message.delivery_tag)])
+
+    def _restore_at_beginning(self, message: Any) -> None:
+        self._restore(message)
+
+
+def payload_of(message: ClaimedMessage) -> dict[str, Any]:
+    """The kombu virtual-transport payload of one claimed row."""
+    properties = dict(message.properties)
+    delivery_info = dict(properties.get("delivery_info") or {})
+    delivery_info["redelivered"] = message.run_count > 1
+    properties["delivery_info"] = delivery_info
+    properties["delivery_tag"] = make_tag(message.id, message.run_count)
+    properties["body_encoding"] = None
+    headers = dict(message.headers)
+    # Visible to tasks as self.request.akadze_attempt etc., so they can be idempotent on purpose.
+    headers["akadze_message_id"] = message.id
+    headers["akadze_attempt"] = message.attempts
+    return {
+        "body": message.body,
+        "content-type": message.content_type,
+        "content-encoding": message.content_encoding,
+        "headers": headers,
+        "properties": properties,
+    }
+
+
+class Transport(virtual.Transport):
+    """PostgreSQL transport; one instance per kombu connection."""
+
+    Channel = Channel
+    can_parse_url = True
+    default_port = 5432  # type: ignore[assignment]
+    driver_type = "sql"
+    driver_name = "psycopg"
+    polling_interval = 1.0
+
+    implements = virtual.Transport.implements.extend(
+        asynchronous=False,
+        exchange_type=frozenset(["direct", "topic"]),
+        heartbeats=False,
+    )
+
+    connection_errors = (KombuConnectionError, TransientDatabaseError)  # type: ignore[assignment]
+    channel_errors = (ChannelError,)
+
+    def __init__(self, client: Any, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)
+        self.options = Options.from_transport_options(client.transport_options)
+        self.polling_interval = self.options.poll_interval
+        self.consumer_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        self.fenced_outcomes = 0
+        self._declared: set[str] = set()
+        self._heartbeat: Heartbeat | None = None
+        self._listener: Listener | None = None
+        self._consumer_lock = threading.Lock()
+        self._rotation = 0
+
+    # -- connection ---------------------------------------------------------
+
+    @cached_property
+    def dsn(self) -> str:
+        hostname: str = getattr(self.client, "hostname", None) or ""
+        if is_embedded(hostname):
+            return embedded.start()
+        return to_dsn(hostname)
+
+    @cached_property
+    def store(self) -> Store:
+        return self._new_store("command")
+
+    def _new_store(self, role: str) -> Store:
+        return Store(self.dsn, schema=self.options.schema, role=role, connect_timeout=self.options.connect_timeout)
+
+    def establish_connection(self) -> Any:
+        migrate.ensure(
+            self.dsn,
+            self.options.schema,
+            auto_migrate=self.options.auto_migrate,
+            connect_timeout=self.options.connect_timeout,
+        )
+        self.store.connection()
+        return super().establish_connection()
+
+    def close_connection(self, connection: Any) -> None:
+        try:
+            super().close_connection(connection)  # closes channels: held messages released in place
+        finally:
+            self._stop_consumer()
+            self.store.close()
+
+    def as_uri(self, uri: str, include_password: bool = False, mask: str = "**") -> str:
+        shown = uri if include_password else mask_password(uri, mask)
+        return shown if shown.startswith("akadze") else f"akadze+{shown}"
+
+    def driver_version(self) -> str:
+        return DRIVER_VERSION
+
+    # -- queues -------------------------------------------------------------
+
+    def declare_queue(self, queue: str, arguments: dict[str, Any]) -> None:
+        if queue in self._declared:
+            return
+        max_attempts = self.options.max_attempts_for(queue) or arguments.get("x-max-attempts")
+        self.store.queue_declare(name=queue, max_attempts=max_attempts, arguments=arguments)
+        self._declared.add(queue)
+
+    def forget_queue(self, queue: str) -> None:
+        self._declared.discard(queue)
+
+    # -- consumer lease -----------------------------------------------------
+
+    @property
+    def heartbeat(self) -> Heartbeat | None:
+        return self._heartbeat
+
+    def _ensure_consumer(self) -> None:
+        """Register this connection as a consumer and start its heartbeat, on first claim only."""
+        if self._heartbeat is not None and self._heartbeat.running:
+            return
+        with self._consumer_lock:
+            if self._heartbeat is not None and self._heartbeat.running:
+                return
+            opts = self.options
+            heartbeat = Heartbeat(
+                store=self._new_store("heartbeat"),
+                consumer_id=self.consumer_id,
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                interval=opts.heartbeat_interval,
+                ttl=opts.heartbeat_ttl,
+                rescue_interval=opts.rescue_interval,
+                max_attempts=opts.max_attempts,
+            )
+            heartbeat.start()
+            self._heartbeat = heartbeat
+            if self._listener is None:
+                self._listener = Listener(self._new_store("listen"), enabled=opts.listen)
+
+    def _stop_consumer(self) -> None:
+        heartbeat, self._heartbeat = self._heartbeat, None
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
+        if heartbeat is not None:
+            heartbeat.stop()
+            try:
+                self.store.consumer_delete(consumer_id=self.consumer_id)
+            except AkadzeError as exc:
+                logger.warning("kombu-akadze: could not remove consumer %s at close: %s", self.consumer_id, exc)
+
+    def claim(self, queues: list[str], limits: list[int]) -> list[ClaimedMessage]:
+        self._ensure_consumer()
+        heartbeat = self._heartbeat
+        if heartbeat is not None and not heartbeat.healthy():
+            return []  # our lease may already be rescued: claim nothing until a heartbeat lands
+        return self.store.message_claim(queues=queues, limits=limits, owner=self.consumer_id)
+
+    # -- draining -----------------------------------------------------------
+
+    def drain_events(self, connection: Any, timeout: float | None = None) -> None:  # type: ignore[override]
+        """Deliver what is ready; else wait on LISTEN (or the jittered safety poll) up to *timeout*."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._deliver_round():
+                return
+            wait = jittered(self.options.poll_interval)
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError()
+                wait = min(wait, remaining)
+            if self._listener is not None:
+                self._listener.wait(wait)
+            else:
+                time.sleep(wait)
+
+    def _deliver_round(self) -> int:
+        delivered = 0
+        for channel in list(self.channels):
+            channel.qos.retry_pending()
+            if not channel._consumers or not channel.qos.can_consume():
+                continue
+            free = channel.qos.can_consume_max_estimate() or self.options.claim_batch
+            queues = list(dict.fromkeys(channel._active_queues))
+            delivered += self._claim_and_deliver(queues, free)
+        return delivered
+
+    def _claim_and_deliver(self, queues: list[str], free: int) -> int:
+        """Claim up to *free* messages, fair between queues, and hand each to its consumer."""
+        delivered = 0
+        candidates = _rotate(queues, self._rotation)
+        self._rotation += 1
+        while free > 0 and candidates:
+            limits = _split_slots(free, len(candidates))
+            asked = [(q, n) for q, n in zip(candidates, limits, strict=True) if n > 0]
+            claimed = self.claim([q for q, _ in asked], [n for _, n in asked])
+            self._hand_over(claimed)
+            delivered += len(claimed)
+            free -= len(claimed)
+            got: dict[str, int] = {}
+            for message in claimed:
+                got[message.queue] = got.get(message.queue, 0) + 1
+            # Queues that gave less than asked are empty for this round; untried ones get the rest.
+            asked_of = dict(asked)
+            candidates = [q for q in candidates if q not in asked_of or got.get(q, 0) >= asked_of[q]]
+        return delivered
+
+    def _hand_over(self, claimed: Iterable[ClaimedMessage]) -> None:
+        pending = list(claimed)
+        try:
+            while pending:
+                message = pending[0]
+                callback = self._callbacks.get(message.queue)
+                if callback is None:
+                    self._release([pending.pop(0)])
+                    continue
+                payload = payload_of(pending.pop(0))
+                callback(payload)
+        finally:
+            if pending:
+                self._release(pending)
+
+    def _release(self, messages: list[ClaimedMessage]) -> None:
+        try:
+            self.store.message_release([m.tag for m in messages])
+        except AkadzeError as exc:
+            logger.error(
+                "kombu-akadze: could not release %d undelivered message(s) (%s); rescued after heartbeat_ttl",
+                len(messages),
+                exc,
+            )
+
+
+def _rotate(items: list[str], by: int) -> list[str]:
+    if not items:
+        return []
+    k = by % len(items)
+    return items[k:] + items[:k]
+
+
+def _split_slots(free: int, queues: int) -> list[int]:
+    """Share *free* slots between *queues* as evenly as possible, earlier queues first."""
+    base, extra = divmod(free, queues)
+    return [base + (1 if i < extra else 0) for i in range(queues)]

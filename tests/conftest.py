@@ -1,0 +1,49 @@
+"""Shared fixtures: one PostgreSQL per session (AKADZE_TEST_URL or embedded), a fresh schema per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import kombu
+import pytest
+
+import kombu_akadze  # noqa: F401  (registers the akadze alias)
+from kombu_akadze.store import Store
+from kombu_akadze.testing import database_url, fresh_schema, store_for
+
+# Short lease timings so rescue tests finish in seconds; heartbeat_ttl >= 2 x interval.
+FAST = {"heartbeat_interval": 0.25, "heartbeat_ttl": 2.0, "rescue_interval": 0.25, "poll_interval": 0.5}
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> str:
+    return database_url()
+
+
+@pytest.fixture
+def schema(pg_url: str) -> Iterator[str]:
+    with fresh_schema(pg_url) as name:
+        yield name
+
+
+@pytest.fixture
+def store(pg_url: str, schema: str) -> Iterator[Store]:
+    s = store_for(pg_url, schema)
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def make_connection(pg_url: str, schema: str) -> Iterator[Any]:
+    """Factory of kombu connections on the test schema; all closed at teardown."""
+    made: list[kombu.Connection] = []
+
+    def make(**options: Any) -> kombu.Connection:
+        conn = kombu.Connection(f"akadze+{pg_url}", transport_options={"schema": schema, **FAST, **options})
+        made.append(conn)
+        return conn
+
+    yield make
+    for conn in made:
+        conn.release()
