@@ -29,6 +29,11 @@ def quote_ident(name: str) -> str:
 def blocks(filename: str) -> dict[str, str]:
     """Every ``-- name: x`` block of one file under sql/, keyed by name."""
     text = resources.files("kombu_akadze").joinpath("sql", filename).read_text(encoding="utf-8")
+    return parse_blocks(text, filename)
+
+
+def parse_blocks(text: str, filename: str = "<sql>") -> dict[str, str]:
+    """The ``-- name: x`` blocks of one SQL text (also used by tests and benchmarks for their own files)."""
     found: dict[str, str] = {}
     matches = list(_NAME.finditer(text))
     for i, match in enumerate(matches):

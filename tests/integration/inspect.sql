@@ -1,0 +1,18 @@
+-- name: columns
+-- Every column of one schema's tables, in table and column order.
+SELECT table_name, column_name, data_type, is_nullable, column_default
+FROM information_schema.columns WHERE table_schema = %(schema)s
+ORDER BY table_name, ordinal_position;
+
+-- name: indexes
+-- Every index of one schema, its definition with the schema name left out.
+SELECT indexname, replace(replace(indexdef, %(quoted)s || '.', 'SCHEMA.'), %(schema)s || '.', 'SCHEMA.')
+FROM pg_indexes WHERE schemaname = %(schema)s ORDER BY indexname;
+
+-- name: version_insert
+-- Pretend a newer kombu-akadze migrated this schema.
+INSERT INTO {schema}.schema_version (version, name) VALUES (99, 'future');
+
+-- name: analyze_messages
+-- Fresh planner statistics for the messages table.
+ANALYZE {schema}.messages;

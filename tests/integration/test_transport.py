@@ -1,0 +1,318 @@
+"""The kombu transport against real PostgreSQL: publish/consume, prefetch, fencing, restore in place, leases."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import pickle
+import threading
+import time
+from typing import Any
+
+import kombu
+import pytest
+from kombu import Exchange, Queue
+
+from kombu_akadze.store import Store
+from kombu_akadze.transport import Transport
+
+
+def consume(conn: kombu.Connection, queue: Queue, *, prefetch: int | None = None, accept: list[str] | None = None):  # type: ignore[no-untyped-def]
+    got: list[kombu.Message] = []
+    consumer = conn.Consumer([queue], callbacks=[lambda body, msg: got.append(msg)], accept=accept or ["json"])
+    if prefetch is not None:
+        consumer.qos(prefetch_count=prefetch)
+    consumer.consume()
+    return consumer, got
+
+
+def drain_until(conn: kombu.Connection, predicate: Any, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached while draining")
+        with contextlib.suppress(TimeoutError):
+            conn.drain_events(timeout=0.5)
+
+
+def test_url_alias_resolves_to_this_transport(make_connection: Any) -> None:
+    conn = make_connection()
+    assert isinstance(conn.transport, Transport)
+
+
+def test_broker_transport_setting_needs_no_alias(pg_url: str, schema: str) -> None:
+    conn = kombu.Connection(pg_url, transport="kombu_akadze.transport:Transport", transport_options={"schema": schema})
+    q = conn.SimpleQueue("plain")
+    q.put({"n": 1})
+    assert q.get(timeout=10).payload == {"n": 1}
+    q.close()
+    conn.release()
+
+
+def test_as_uri_masks_the_password(pg_url: str) -> None:
+    conn = kombu.Connection("akadze+postgresql://bob:s3cret@db.example:5432/app")
+    assert conn.as_uri() == "akadze+postgresql://bob:**@db.example:5432/app"
+    assert "s3cret" not in repr(conn)
+    assert "s3cret" in conn.as_uri(include_password=True)
+
+
+def test_a_wrong_password_error_does_not_show_the_password(pg_url: str, schema: str) -> None:
+    conn = kombu.Connection(
+        "akadze+postgresql://nobody:s3cret@127.0.0.1:1/app",
+        transport_options={"schema": schema, "connect_timeout": 2},
+    )
+    with pytest.raises(Exception) as info:
+        conn.connect()
+    assert "s3cret" not in str(info.value)
+    conn.release()
+
+
+def test_publish_consume_ack_deletes_the_row(make_connection: Any, store: Store) -> None:
+    conn = make_connection()
+    queue = Queue("work", Exchange("work", "direct"), "work")
+    conn.Producer().publish({"n": 1}, exchange=queue.exchange, routing_key="work", declare=[queue])
+    consumer, got = consume(conn, queue)
+    drain_until(conn, lambda: got)
+    assert got[0].payload == {"n": 1}
+    assert got[0].delivery_info["redelivered"] is False
+    assert store.message_counts() == {("work", "held"): 1}
+    got[0].ack()
+    assert store.message_counts() == {}
+    consumer.cancel()
+
+
+@pytest.mark.parametrize("serializer", ["pickle", "json"])
+def test_serialized_bodies_round_trip(make_connection: Any, serializer: str) -> None:
+    conn = make_connection()
+    payload = {"tuple": [1, "two"], "bytes": "\u0000nul"} if serializer == "json" else {"set": {1, 2}, "b": b"\x00"}
+    q = conn.SimpleQueue("ser", serializer=serializer, accept=[serializer])
+    q.put(payload)
+    msg = q.get(timeout=10)
+    assert msg.payload == payload
+    msg.ack()
+    q.close()
+
+
+def test_raw_binary_body_round_trips(make_connection: Any) -> None:
+    conn = make_connection()
+    body = bytes(range(256)) * 10
+    q = conn.SimpleQueue("raw")
+    q.put(body, serializer=None, content_type="application/octet-stream", content_encoding="binary")
+    msg = q.get(timeout=10)
+    assert msg.body == body
+    msg.ack()
+    q.close()
+
+
+def test_prefetch_limits_how_many_messages_are_held(make_connection: Any, store: Store) -> None:
+    conn = make_connection()
+    queue = Queue("pf")
+    producer = conn.Producer()
+    for i in range(10):
+        producer.publish({"i": i}, routing_key="pf", declare=[queue])
+    consumer, got = consume(conn, queue, prefetch=2)
+    drain_until(conn, lambda: len(got) >= 2)
+    with pytest.raises(TimeoutError):
+        conn.drain_events(timeout=1)
+    assert len(got) == 2
+    assert store.message_counts() == {("pf", "held"): 2, ("pf", "ready"): 8}
+    got[0].ack()
+    drain_until(conn, lambda: len(got) >= 3)
+    assert store.message_counts()[("pf", "held")] == 2
+    consumer.cancel()
+
+
+def test_reject_with_requeue_returns_the_same_row(make_connection: Any, store: Store) -> None:
+    conn = make_connection()
+    q = conn.SimpleQueue("rq")
+    q.put({"n": 1})
+    first = q.get(timeout=10)
+    first.reject(requeue=True)
+    second = q.get(timeout=10)
+    assert second.headers["akadze_message_id"] == first.headers["akadze_message_id"]
+    assert second.headers["akadze_attempt"] == 2
+    assert second.delivery_info["redelivered"] is True
+    assert sum(store.message_counts().values()) == 1
+    second.ack()
+    q.close()
+
+
+def test_reject_without_requeue_goes_to_dead_letters(make_connection: Any, store: Store) -> None:
+    conn = make_connection()
+    q = conn.SimpleQueue("dl")
+    q.put({"n": 1})
+    q.get(timeout=10).reject(requeue=False)
+    assert store.message_counts() == {}
+    (dead,) = store.deadletter_list(queue="dl")
+    assert "requeue=False" in dead["reason"]
+    q.close()
+
+
+def test_requeue_loops_end_in_dead_letters_after_max_attempts(make_connection: Any, store: Store) -> None:
+    conn = make_connection(max_attempts=3)
+    q = conn.SimpleQueue("loop")
+    q.put({"n": 1})
+    for _ in range(3):
+        q.get(timeout=10).reject(requeue=True)
+    with pytest.raises(q.Empty):
+        q.get(timeout=1)
+    (dead,) = store.deadletter_list(queue="loop")
+    assert (dead["reason"], dead["attempts"]) == ("max_attempts exceeded", 3)
+    q.close()
+
+
+def test_closing_the_connection_releases_held_messages_in_place(make_connection: Any, store: Store) -> None:
+    conn = make_connection()
+    queue = Queue("rel")
+    for i in range(5):
+        conn.Producer().publish({"i": i}, routing_key="rel", declare=[queue])
+    _, got = consume(conn, queue, prefetch=3)
+    drain_until(conn, lambda: len(got) >= 3)
+    got[0].ack()
+    ids_before = {m.headers["akadze_message_id"] for m in got}
+    conn.release()
+    assert store.message_counts() == {("rel", "ready"): 4}
+    for mid in ids_before - {got[0].headers["akadze_message_id"]}:
+        row = store.message_get(mid)
+        assert row is not None
+        assert (row["state"], row["attempts"], row["run_count"]) == ("ready", 0, 1)
+
+
+def test_a_stale_ack_changes_nothing_and_names_the_message(
+    make_connection: Any, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A consumer whose lease was rescued acks late: the newer run is untouched and a warning is logged."""
+    slow = make_connection()
+    q = slow.SimpleQueue("fence")
+    q.put({"n": 1})
+    msg = q.get(timeout=10)
+    mid = msg.headers["akadze_message_id"]
+    slow.transport.heartbeat.stop()  # the consumer goes silent, as if SIGSTOPped
+
+    fast = make_connection()
+    q2 = fast.SimpleQueue("fence")
+    newer = q2.get(timeout=30)  # arrives once fast's rescue sees slow's heartbeat expire
+    assert newer.headers["akadze_message_id"] == mid
+    assert newer.delivery_info["redelivered"] is True
+
+    with caplog.at_level(logging.WARNING, logger="kombu_akadze"):
+        msg.ack()
+    assert f"message id={mid}" in caplog.text
+    assert "not ours" in caplog.text
+    row = store.message_get(mid)
+    assert row is not None
+    assert (row["state"], row["run_count"], row["owner"]) == ("held", 2, fast.transport.consumer_id)
+    newer.ack()
+    assert store.message_get(mid) is None
+    q.close()
+    q2.close()
+
+
+def test_heartbeat_keeps_the_lease_while_the_consumer_thread_is_blocked(make_connection: Any, store: Store) -> None:
+    holder = make_connection()
+    q = holder.SimpleQueue("busy")
+    q.put({"n": 1})
+    msg = q.get(timeout=10)
+    hb = holder.transport.heartbeat
+    rescuer = make_connection()
+    rq = rescuer.SimpleQueue("busy")
+    with pytest.raises(rq.Empty):
+        rq.get(timeout=0.1)
+    rescuer_hb = rescuer.transport.heartbeat
+    start = rescuer_hb.rescues
+    beats = hb.beats
+    # Block this (the holder's consuming) thread past heartbeat_ttl on purpose, as a long task would.
+    threading.Event().wait(2 * hb.ttl)
+    assert rescuer_hb.wait_for(lambda h: h.rescues >= start + 10, timeout=30)
+    assert hb.beats > beats
+    row = store.message_get(msg.headers["akadze_message_id"])
+    assert row is not None
+    assert (row["state"], row["run_count"]) == ("held", 1)
+    msg.ack()
+    q.close()
+    rq.close()
+
+
+def test_a_silent_consumers_messages_are_rescued_and_redelivered(make_connection: Any, store: Store) -> None:
+    dead = make_connection()
+    q = dead.SimpleQueue("rescue")
+    for i in range(3):
+        q.put({"i": i})
+    held = [q.get(timeout=10) for _ in range(3)]
+    dead.transport.heartbeat.stop()
+    alive = make_connection()
+    q2 = alive.SimpleQueue("rescue")
+    again = [q2.get(timeout=30) for _ in range(3)]
+    assert sorted(m.payload["i"] for m in again) == [0, 1, 2]
+    assert all(m.headers["akadze_attempt"] == 2 for m in again)
+    for m in again:
+        m.ack()
+    assert store.message_counts() == {}
+    assert len(held) == 3
+    q.close()
+    q2.close()
+
+
+def test_listen_wakes_a_waiting_consumer(make_connection: Any) -> None:
+    consumer_conn = make_connection(poll_interval=30)  # the safety poll alone would take 15-30 s
+    queue = Queue("wake")
+    consumer_conn.Producer().publish({"warm": 1}, routing_key="wake", declare=[queue])
+    consumer, got = consume(consumer_conn, queue)
+    drain_until(consumer_conn, lambda: got)
+    got[0].ack()
+    producer_conn = make_connection()
+    t0 = time.monotonic()
+    timer = threading.Timer(0.3, lambda: producer_conn.Producer().publish({"n": 2}, routing_key="wake"))
+    timer.start()
+    consumer_conn.drain_events(timeout=20)
+    assert got[-1].payload == {"n": 2}
+    assert time.monotonic() - t0 < 10
+    assert consumer_conn.transport._listener.wakeups >= 1
+    got[-1].ack()
+    timer.join()
+    consumer.cancel()
+
+
+def test_poll_only_mode_still_delivers(make_connection: Any) -> None:
+    conn = make_connection(listen=False, poll_interval=0.2)
+    q = conn.SimpleQueue("poll")
+    other = make_connection()
+    other.SimpleQueue("poll").put({"n": 1})
+    assert q.get(timeout=10).payload == {"n": 1}
+    assert conn.transport._listener.fd is None
+    q.close()
+
+
+def test_messages_from_several_queues_are_shared_fairly(make_connection: Any, store: Store) -> None:
+    conn = make_connection()
+    producer = conn.Producer()
+    queues = [Queue("fa"), Queue("fb")]
+    for i in range(20):
+        producer.publish({"q": "fa", "i": i}, routing_key="fa", declare=queues)
+    for i in range(20):
+        producer.publish({"q": "fb", "i": i}, routing_key="fb", declare=queues)
+    got: list[kombu.Message] = []
+    consumer = conn.Consumer(queues, callbacks=[lambda body, msg: got.append(msg)])
+    consumer.qos(prefetch_count=4)
+    consumer.consume()
+    drain_until(conn, lambda: len(got) >= 4)
+    assert {m.payload["q"] for m in got[:4]} == {"fa", "fb"}
+    for m in got:
+        m.ack()
+    consumer.cancel()
+
+
+def test_pickled_messages_survive_a_restore(make_connection: Any) -> None:
+    conn = make_connection()
+    q = conn.SimpleQueue("pk", serializer="pickle", accept=["pickle"])
+    q.put({"s": {1, 2, 3}})
+    q.get(timeout=10)
+    q.close()
+    conn.release()
+    conn2 = make_connection()
+    q2 = conn2.SimpleQueue("pk", accept=["pickle"])
+    msg = q2.get(timeout=10)
+    assert msg.payload == {"s": {1, 2, 3}}
+    assert pickle.loads(msg.body) == {"s": {1, 2, 3}}
+    msg.ack()
+    q2.close()

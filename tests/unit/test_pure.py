@@ -1,0 +1,108 @@
+"""Pure logic without a database: URL masking, options, tags, slot sharing, SQL files."""
+
+from __future__ import annotations
+
+import pytest
+
+from kombu_akadze import sqlfiles
+from kombu_akadze.errors import ConfigurationError
+from kombu_akadze.options import Options
+from kombu_akadze.qos import make_tag, parse_tag
+from kombu_akadze.transport import _rotate, _split_slots
+from kombu_akadze.urls import is_embedded, mask_password, to_dsn
+
+
+@pytest.mark.parametrize(
+    ("url", "masked"),
+    [
+        ("postgresql://bob:s3cret@db:5432/app", "postgresql://bob:**@db:5432/app"),
+        ("akadze+postgresql://bob:s3cret@db/app", "akadze+postgresql://bob:**@db/app"),
+        (
+            "postgresql://bob@db/app?password=s3cret&sslmode=require",
+            "postgresql://bob@db/app?password=**&sslmode=require",
+        ),
+        ("host=db user=bob password=s3cret dbname=app", "host=db user=bob password=** dbname=app"),
+        ("host=db password='s3 cret' dbname=app", "host=db password=** dbname=app"),
+        ("postgresql://bob@db/app", "postgresql://bob@db/app"),
+    ],
+)
+def test_mask_password_hides_every_password_form(url: str, masked: str) -> None:
+    assert mask_password(url) == masked
+    assert "s3" not in mask_password(url)
+
+
+def test_embedded_urls_are_recognised() -> None:
+    assert is_embedded("akadze://")
+    assert is_embedded("")
+    assert not is_embedded("postgresql://db/app")
+
+
+def test_to_dsn_rejects_non_postgres_urls_with_a_hint() -> None:
+    with pytest.raises(ValueError, match="akadze\\+postgresql://") as info:
+        to_dsn("mysql://bob:s3cret@db/app")
+    assert "s3cret" not in str(info.value)
+
+
+def test_options_defaults_follow_the_seed() -> None:
+    opts = Options.from_transport_options({})
+    assert (opts.heartbeat_interval, opts.heartbeat_ttl, opts.poll_interval, opts.max_attempts) == (5.0, 30.0, 1.0, 20)
+
+
+def test_options_coerce_strings_and_accept_kombu_alias() -> None:
+    opts = Options.from_transport_options({"listen": "off", "max_attempts": "3", "polling_interval": 0.2})
+    assert opts.listen is False
+    assert opts.max_attempts == 3
+    assert opts.poll_interval == 0.2
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"heartbeat_ttl": 5, "heartbeat_interval": 5}, "at least twice"),
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"max_attempts": "many"}, "expected int"),
+        ({"listen": "maybe"}, "expected bool"),
+        ({"schema": ""}, "schema"),
+        ({"queue_max_attempts": {"q": 0}}, "queue_max_attempts"),
+        ({"poll_interval": -1}, "poll_interval"),
+    ],
+)
+def test_bad_options_say_what_is_valid(raw: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        Options.from_transport_options(raw)
+
+
+def test_unknown_options_are_warned_about_not_fatal(caplog: pytest.LogCaptureFixture) -> None:
+    Options.from_transport_options({"visibility_timeout": 10, "heartbeat_intervall": 3})
+    assert "heartbeat_intervall" in caplog.text
+    assert "visibility_timeout" not in caplog.text
+
+
+def test_delivery_tags_round_trip_and_reject_garbage() -> None:
+    assert parse_tag(make_tag(42, 7)) == (42, 7)
+    with pytest.raises(ValueError, match="message_id:run_count"):
+        parse_tag("not-a-tag")
+
+
+@pytest.mark.parametrize(("free", "queues", "expected"), [(1, 3, [1, 0, 0]), (4, 3, [2, 1, 1]), (6, 2, [3, 3])])
+def test_free_slots_are_shared_evenly_between_queues(free: int, queues: int, expected: list[int]) -> None:
+    assert _split_slots(free, queues) == expected
+    assert sum(_split_slots(free, queues)) == free
+
+
+def test_rotation_starts_each_round_at_the_next_queue() -> None:
+    assert [_rotate(["a", "b", "c"], i)[0] for i in range(4)] == ["a", "b", "c", "a"]
+
+
+def test_every_named_query_has_a_comment_and_migrations_are_numbered() -> None:
+    text = (sqlfiles.blocks("queries.sql"), sqlfiles.blocks("migrate.sql"))
+    for blocks in text:
+        for name, body in blocks.items():
+            assert body.startswith("--"), f"query {name} has no one-line comment"
+    assert [m.version for m in sqlfiles.migrations()] == list(range(1, len(sqlfiles.migrations()) + 1))
+
+
+def test_identifiers_are_quoted_as_data() -> None:
+    assert sqlfiles.quote_ident('we"ird; DROP TABLE x') == '"we""ird; DROP TABLE x"'
+    with pytest.raises(ValueError, match="NUL"):
+        sqlfiles.quote_ident("a\x00b")
