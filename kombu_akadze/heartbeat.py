@@ -28,6 +28,7 @@ class Heartbeat:
         ttl: float,
         rescue_interval: float,
         max_attempts: int,
+        queues: Callable[[], list[str]] = list,
     ) -> None:
         self.store = store
         self.consumer_id = consumer_id
@@ -37,6 +38,7 @@ class Heartbeat:
         self.ttl = ttl
         self.rescue_interval = rescue_interval
         self.max_attempts = max_attempts
+        self.queues = queues
         self.beats = 0
         self.rescues = 0
         self.last_ok = 0.0
@@ -70,7 +72,9 @@ class Heartbeat:
 
     def beat(self, *, raise_errors: bool = False) -> bool:
         try:
-            self.store.consumer_heartbeat(consumer_id=self.consumer_id, hostname=self.hostname, pid=self.pid)
+            self.store.consumer_heartbeat(
+                consumer_id=self.consumer_id, hostname=self.hostname, pid=self.pid, queues=self.queues()
+            )
         except AkadzeError as exc:
             if raise_errors:
                 raise
@@ -87,6 +91,7 @@ class Heartbeat:
     def rescue_once(self) -> rescue.RescueResult | None:
         try:
             result = rescue.run_once(self.store, ttl=self.ttl, max_attempts=self.max_attempts)
+            rescue.expire_once(self.store, ttl=self.ttl)
         except AkadzeError as exc:
             logger.warning("kombu-akadze rescue pass failed, will retry: %s", exc)
             return None

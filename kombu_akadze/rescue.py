@@ -35,3 +35,18 @@ def run_once(store: Store, *, ttl: float, max_attempts: int, now: datetime | Non
             result.dead,
         )
     return result
+
+
+def expire_once(store: Store, *, ttl: float, now: datetime | None = None) -> dict[str, int]:
+    """Queue expiry (x-expires, abandoned auto_delete/exclusive queues) and message TTL, once."""
+    counts = store.queue_expire(ttl=ttl, now=now)
+    if counts["queues"] or counts["expired"]:
+        logger.info(
+            "kombu-akadze expiry: %d unused queue(s) deleted (%d message(s) with them), "
+            "%d message(s) past their TTL (%d into dead letters)",
+            counts["queues"],
+            counts["dropped"],
+            counts["expired"],
+            counts["buried"],
+        )
+    return counts

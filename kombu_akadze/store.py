@@ -103,6 +103,8 @@ class NewMessage:
     headers: dict[str, Any] | None = None
     properties: dict[str, Any] | None = None
     delay: float = 0.0
+    #: Seconds until the message expires if still ready (RabbitMQ's per-message expiration).
+    ttl: float | None = None
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -221,22 +223,28 @@ class Store:
     # -- messages -----------------------------------------------------------
 
     def message_insert(self, message: NewMessage, *, now: datetime | None = None) -> int:
-        rows = self._run(
-            "message_insert",
-            {
-                "queue": message.queue,
-                "priority": message.priority,
-                "body": message.body,
-                "content_type": message.content_type,
-                "content_encoding": message.content_encoding,
-                "headers": Jsonb(message.headers or {}),
-                "properties": Jsonb(message.properties or {}),
-                "delay": float(message.delay),
-                "now": now,
-                "channel": self.channel,
-            },
-        )
+        rows = self._run("message_insert", {**self._message_params(message), "queue": message.queue, "now": now})
         return int(rows[0]["id"])
+
+    def message_route(
+        self, message: NewMessage, *, exchange: str, routing_key: str, now: datetime | None = None
+    ) -> list[str]:
+        """Publish through *exchange*; the queues that got a copy (none: unroutable)."""
+        params = {**self._message_params(message), "exchange": exchange, "routing_key": routing_key, "now": now}
+        return [r["queue"] for r in self._run("message_route", params)]
+
+    def _message_params(self, message: NewMessage) -> dict[str, Any]:
+        return {
+            "priority": message.priority,
+            "body": message.body,
+            "content_type": message.content_type,
+            "content_encoding": message.content_encoding,
+            "headers": Jsonb(message.headers or {}),
+            "properties": Jsonb(message.properties or {}),
+            "delay": float(message.delay),
+            "ttl": message.ttl,
+            "channel": self.channel,
+        }
 
     def message_insert_many(self, messages: Sequence[NewMessage], *, now: datetime | None = None) -> int:
         if not messages:
@@ -252,6 +260,7 @@ class Store:
                 "headers": [Jsonb(m.headers or {}) for m in messages],
                 "properties": [Jsonb(m.properties or {}) for m in messages],
                 "delays": [float(m.delay) for m in messages],
+                "ttls": [m.ttl for m in messages],
                 "now": now,
                 "channel": self.channel,
             },
@@ -340,8 +349,19 @@ class Store:
 
     # -- consumers ----------------------------------------------------------
 
-    def consumer_heartbeat(self, *, consumer_id: str, hostname: str, pid: int, now: datetime | None = None) -> None:
-        self._run("consumer_heartbeat", {"id": consumer_id, "hostname": hostname, "pid": pid, "now": now})
+    def consumer_heartbeat(
+        self,
+        *,
+        consumer_id: str,
+        hostname: str,
+        pid: int,
+        queues: Sequence[str] = (),
+        now: datetime | None = None,
+    ) -> None:
+        self._run(
+            "consumer_heartbeat",
+            {"id": consumer_id, "hostname": hostname, "pid": pid, "queues": list(queues), "now": now},
+        )
 
     def consumer_delete(self, *, consumer_id: str) -> None:
         self._run("consumer_delete", {"id": consumer_id}, fetch=False)
@@ -349,13 +369,42 @@ class Store:
     # -- queues -------------------------------------------------------------
 
     def queue_declare(
-        self, *, name: str, max_attempts: int | None = None, arguments: dict[str, Any] | None = None
-    ) -> None:
-        self._run(
+        self,
+        *,
+        name: str,
+        max_attempts: int | None = None,
+        arguments: dict[str, Any] | None = None,
+        durable: bool = True,
+        auto_delete: bool = False,
+        exclusive: bool = False,
+        expires: float | None = None,
+        message_ttl: float | None = None,
+        now: datetime | None = None,
+    ) -> int:
+        """Declare (or redeclare) a queue; returns how many messages are ready in it."""
+        rows = self._run(
             "queue_declare",
-            {"name": name, "max_attempts": max_attempts, "arguments": Jsonb(arguments or {})},
-            fetch=False,
+            {
+                "name": name,
+                "max_attempts": max_attempts,
+                "arguments": Jsonb(arguments or {}),
+                "durable": durable,
+                "auto_delete": auto_delete,
+                "exclusive": exclusive,
+                "expires": expires,
+                "message_ttl": message_ttl,
+                "now": now,
+            },
         )
+        return int(rows[0]["ready"])
+
+    def queue_touch(self, *, queues: Sequence[str], now: datetime | None = None) -> None:
+        self._run("queue_touch", {"queues": list(queues), "now": now}, fetch=False)
+
+    def queue_expire(self, *, ttl: float, now: datetime | None = None) -> dict[str, int]:
+        """Queue expiry, auto_delete of abandoned queues, message TTL; counts of what went."""
+        rows = self._run("queue_expire", {"ttl": float(ttl), "now": now})
+        return {k: int(v) for k, v in rows[0].items()}
 
     def queue_exists(self, *, name: str) -> bool:
         return bool(self._run("queue_exists", {"name": name})[0]["present"])
@@ -368,6 +417,50 @@ class Store:
 
     def queue_delete(self, *, name: str) -> int:
         return int(self._run("queue_delete", {"name": name})[0]["deleted"])
+
+    # -- exchanges and bindings -------------------------------------------
+
+    def exchange_declare(
+        self, *, name: str, type: str, durable: bool, auto_delete: bool, arguments: dict[str, Any] | None = None
+    ) -> None:
+        self._run(
+            "exchange_declare",
+            {
+                "name": name,
+                "type": type,
+                "durable": durable,
+                "auto_delete": auto_delete,
+                "arguments": Jsonb(arguments or {}),
+            },
+            fetch=False,
+        )
+
+    def exchange_exists(self, *, name: str) -> bool:
+        return bool(self._run("exchange_exists", {"name": name})[0]["present"])
+
+    def exchange_delete(self, *, name: str) -> int:
+        return int(self._run("exchange_delete", {"name": name})[0]["exchanges"])
+
+    def binding_declare(
+        self, *, exchange: str, routing_key: str, queue: str, pattern: str, arguments: dict[str, Any] | None = None
+    ) -> None:
+        self._run(
+            "binding_declare",
+            {
+                "exchange": exchange,
+                "routing_key": routing_key,
+                "queue": queue,
+                "pattern": pattern,
+                "arguments": Jsonb(arguments or {}),
+            },
+            fetch=False,
+        )
+
+    def binding_delete(self, *, exchange: str, routing_key: str, queue: str) -> None:
+        self._run("binding_delete", {"exchange": exchange, "routing_key": routing_key, "queue": queue}, fetch=False)
+
+    def binding_list(self) -> list[dict[str, Any]]:
+        return self._run("binding_list")
 
     # -- LISTEN -------------------------------------------------------------
 
@@ -403,6 +496,52 @@ class Store:
                 payloads.append(note.extra.decode("utf-8", "replace"))
             return payloads
 
+    # -- operations --
+
+    def queue_stats(self, *, ttl: float, now: datetime | None = None) -> StatsSnapshot:
+        """Every queue's counts and the schema's live consumers (heartbeat within *ttl* s), one statement."""
+        rows = self._run("queue_stats", {"ttl": float(ttl), "now": now})
+        queues = tuple(
+            QueueStats(
+                queue=r["queue"],
+                ready=int(r["ready"]),
+                held=int(r["held"]),
+                delayed=int(r["delayed"]),
+                dead=int(r["dead"]),
+                oldest_ready_age_seconds=r["oldest_ready_age_seconds"],
+                consumers_alive=int(r["consumers_alive"]),
+            )
+            for r in rows
+            if r["queue"] is not None
+        )
+        return StatsSnapshot(rows[0]["taken_at"], int(rows[0]["consumers_alive"]), queues)
+
+    def deadletter_find(
+        self, *, where: DeadLetterFilter, limit: int | None = 100, now: datetime | None = None
+    ) -> list[DeadLetterSummary]:
+        rows = self._run("deadletter_find", {**where.params(), "limit": limit, "now": now})
+        return [DeadLetterSummary(**r) for r in rows]
+
+    def deadletter_count(self, *, where: DeadLetterFilter, now: datetime | None = None) -> int:
+        return int(self._run("deadletter_count", {**where.params(), "now": now})[0]["n"])
+
+    def deadletter_get(self, *, message_id: int) -> DeadLetter | None:
+        rows = self._run("deadletter_get", {"id": message_id})
+        return DeadLetter(**{**rows[0], "body": bytes(rows[0]["body"])}) if rows else None
+
+    def deadletter_replay(
+        self, *, where: DeadLetterFilter, limit: int | None = None, now: datetime | None = None
+    ) -> ReplayResult:
+        params = {**where.params(), "limit": limit, "now": now, "channel": self.channel}
+        rows = self._run("deadletter_replay", params)
+        return ReplayResult(
+            replayed=frozenset(int(r["id"]) for r in rows if r["outcome"] == "replayed"),
+            already_live=frozenset(int(r["id"]) for r in rows if r["outcome"] == "already_live"),
+        )
+
+    def deadletter_purge(self, *, where: DeadLetterFilter, now: datetime | None = None) -> int:
+        return int(self._run("deadletter_purge", {**where.params(), "now": now})[0]["purged"])
+
 
 def notify_channel(schema: str) -> str:
     """The NOTIFY channel of one schema (an identifier of at most 63 bytes)."""
@@ -423,3 +562,93 @@ def _outcome(rows: list[dict[str, Any]]) -> Outcome:
     dead = frozenset(int(r["id"]) for r in rows if r["outcome"] == "dead")
     gone = sum(1 for r in rows if r["outcome"] == "consumer_gone")
     return Outcome(ready, dead, gone)
+
+
+# -- operations records --
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """One queue's depth: ready now, held by consumers, delayed (ready later), dead letters."""
+
+    queue: str
+    ready: int
+    held: int
+    delayed: int
+    dead: int
+    #: Seconds the oldest ready message has been claimable (None: nothing ready).
+    oldest_ready_age_seconds: float | None
+    #: Live consumers of the whole schema (the consumers table does not record queues).
+    consumers_alive: int
+
+
+@dataclass(frozen=True)
+class StatsSnapshot:
+    taken_at: datetime
+    consumers_alive: int
+    queues: tuple[QueueStats, ...]
+
+
+@dataclass(frozen=True)
+class DeadLetterFilter:
+    """Which dead letters a find, count, replay or purge touches; None means any."""
+
+    ids: tuple[int, ...] | None = None
+    queue: str | None = None
+    task: str | None = None
+    reason: str | None = None
+    #: Seconds: only dead letters buried longer ago than this.
+    older_than: float | None = None
+
+    @property
+    def is_empty(self) -> bool:
+        return all(v is None for v in (self.ids, self.queue, self.task, self.reason, self.older_than))
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "ids": None if self.ids is None else [int(i) for i in self.ids],
+            "queue": self.queue,
+            "task": self.task,
+            "reason": self.reason,
+            "older_than": None if self.older_than is None else float(self.older_than),
+        }
+
+
+@dataclass(frozen=True)
+class DeadLetterSummary:
+    id: int
+    queue: str
+    task: str | None
+    reason: str
+    run_count: int
+    attempts: int
+    last_owner: str | None
+    created_at: datetime
+    dead_at: datetime
+    body_size: int
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    id: int
+    queue: str
+    priority: int
+    body: bytes
+    content_type: str | None
+    content_encoding: str | None
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+    run_count: int
+    attempts: int
+    reason: str
+    last_owner: str | None
+    created_at: datetime
+    dead_at: datetime
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """Ids put back as ready, and ids whose dead letter was dropped because the message is already live."""
+
+    replayed: frozenset[int]
+    already_live: frozenset[int]

@@ -5,9 +5,9 @@ Features
 * Type: Virtual
 * Supports Direct: Yes
 * Supports Topic: Yes
-* Supports Fanout: No (in-process only, like kombu's other virtual transports)
+* Supports Fanout: Yes (bindings live in PostgreSQL, shared by every process)
 * Supports Priority: Yes (0-9, higher first)
-* Supports TTL: No
+* Supports TTL: Yes (x-message-ttl, per-message expiration, x-expires)
 
 Delivery is at least once: a claimed message is *held* by its consumer, whose
 heartbeat keeps the lease alive. Ack deletes the row, fenced on the
@@ -64,6 +64,7 @@ from kombu.utils.objects import cached_property
 from kombu_akadze import embedded, migrate
 from kombu_akadze.errors import AkadzeError, MessageTooLargeError, TransientDatabaseError
 from kombu_akadze.events import Listener, jittered
+from kombu_akadze.exchanges import ExchangeMixin, milliseconds
 from kombu_akadze.heartbeat import Heartbeat
 from kombu_akadze.options import Options
 from kombu_akadze.qos import QoS, make_tag, parse_tag
@@ -73,7 +74,7 @@ from kombu_akadze.urls import is_embedded, mask_password, to_dsn
 logger = logging.getLogger("kombu_akadze")
 
 
-class Channel(virtual.Channel):
+class Channel(ExchangeMixin, virtual.Channel):
     """A kombu channel whose queues are rows of the messages table."""
 
     QoS = QoS
@@ -91,6 +92,13 @@ class Channel(virtual.Channel):
 
     # -- publish ------------------------------------------------------------
 
+    def basic_publish(self, message: dict[str, Any], exchange: str, routing_key: str, **kwargs: Any) -> None:
+        self._inplace_augment_message(message, exchange, routing_key)
+        if exchange:
+            self.route(exchange, routing_key, self._new_message(routing_key, message))
+        else:  # the default exchange: the routing key names the queue
+            self._put(routing_key, message)
+
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
         self.store.message_insert(self._new_message(queue, message))
 
@@ -98,6 +106,11 @@ class Channel(virtual.Channel):
         body = message.get("body") or b""
         if isinstance(body, str):
             body = body.encode("utf-8")
+        if not isinstance(body, bytes | bytearray | memoryview):
+            raise TypeError(
+                f"message body for queue {queue!r} must be bytes or str, not {type(body).__name__}: "
+                "with content_type=... kombu sends the body as it is; leave content_type out to serialize it"
+            )
         limit = self.connection.options.max_message_size
         if limit and len(body) > limit:
             raise MessageTooLargeError(
@@ -106,6 +119,7 @@ class Channel(virtual.Channel):
             )
         properties = dict(message.get("properties") or {})
         properties.pop("delivery_tag", None)
+        expiration = properties.get("expiration")
         return NewMessage(
             queue=queue,
             body=bytes(body),
@@ -114,6 +128,7 @@ class Channel(virtual.Channel):
             content_encoding=message.get("content-encoding"),
             headers=dict(message.get("headers") or {}),
             properties=properties,
+            ttl=milliseconds(properties, "expiration") if expiration is not None else None,
         )
 
     # -- consume ------------------------------------------------------------
@@ -131,22 +146,25 @@ class Channel(virtual.Channel):
         return self.store.queue_purge(name=queue)
 
     def _new_queue(self, queue: str, **kwargs: Any) -> None:
-        self.connection.declare_queue(queue, kwargs.get("arguments") or {})
+        self.queue_declare(queue, **kwargs)
 
     def _has_queue(self, queue: str, **kwargs: Any) -> bool:
         return self.store.queue_exists(name=queue)
 
     def _delete(self, queue: str, *args: Any, **kwargs: Any) -> None:
-        self.connection.forget_queue(queue)
-        self.store.queue_delete(name=queue)
+        self.queue_delete(queue)
 
     def queue_delete(self, queue: str, if_unused: bool = False, if_empty: bool = False, **kwargs: Any) -> int | None:
-        """Drop the queue and its messages (kombu only calls _delete for bindings it saw)."""
+        """Drop the queue, its bindings and its messages."""
         if if_empty and self._size(queue):
             return None
-        self.state.queue_bindings_delete(queue)
-        self.connection.forget_queue(queue)
+        self.connection.declared.clear()
         return self.store.queue_delete(name=queue)
+
+    def basic_consume(self, queue: str, no_ack: bool, callback: Any, consumer_tag: str, **kwargs: Any) -> Any:
+        result = super().basic_consume(queue, no_ack, callback, consumer_tag, **kwargs)
+        self.store.queue_touch(queues=[queue])
+        return result
 
     def _restore(self, message: Any) -> None:
         """Give one held message back in place; kombu's default would insert a copy."""
@@ -183,13 +201,13 @@ class Transport(virtual.Transport):
     Channel = Channel
     can_parse_url = True
     default_port = 5432  # type: ignore[assignment]
-    driver_type = "sql"
+    driver_type = "akadze"
     driver_name = "psycopg"
     polling_interval = 1.0
 
     implements = virtual.Transport.implements.extend(
         asynchronous=False,
-        exchange_type=frozenset(["direct", "topic"]),
+        exchange_type=frozenset(["direct", "topic", "fanout"]),
         heartbeats=False,
     )
 
@@ -202,7 +220,8 @@ class Transport(virtual.Transport):
         self.polling_interval = self.options.poll_interval
         self.consumer_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         self.fenced_outcomes = 0
-        self._declared: set[str] = set()
+        #: Entities this connection declared already (exchanges, bindings), to skip repeats.
+        self.declared: set[tuple[Any, ...]] = set()
         self._heartbeat: Heartbeat | None = None
         self._listener: Listener | None = None
         self._consumer_lock = threading.Lock()
@@ -248,17 +267,12 @@ class Transport(virtual.Transport):
     def driver_version(self) -> str:
         return DRIVER_VERSION
 
-    # -- queues -------------------------------------------------------------
+    def new_name(self) -> str:
+        return uuid.uuid4().hex
 
-    def declare_queue(self, queue: str, arguments: dict[str, Any]) -> None:
-        if queue in self._declared:
-            return
-        max_attempts = self.options.max_attempts_for(queue) or arguments.get("x-max-attempts")
-        self.store.queue_declare(name=queue, max_attempts=max_attempts, arguments=arguments)
-        self._declared.add(queue)
-
-    def forget_queue(self, queue: str) -> None:
-        self._declared.discard(queue)
+    def consumed_queues(self) -> list[str]:
+        """Every queue a channel of this connection consumes (the heartbeat marks them in use)."""
+        return list(dict.fromkeys(q for channel in list(self.channels) for q in channel._active_queues))
 
     # -- consumer lease -----------------------------------------------------
 
@@ -283,6 +297,7 @@ class Transport(virtual.Transport):
                 ttl=opts.heartbeat_ttl,
                 rescue_interval=opts.rescue_interval,
                 max_attempts=opts.max_attempts,
+                queues=self.consumed_queues,
             )
             heartbeat.start()
             self._heartbeat = heartbeat

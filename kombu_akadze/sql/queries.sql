@@ -3,28 +3,61 @@
 -- the clock; NULL means the database's now().
 
 -- name: message_insert
--- One message into a queue, plus a wake-up (payload: queue name) for listeners.
+-- One message into a queue (TTL from the message or the queue, whichever is
+-- shorter), plus a wake-up (payload: queue name) for listeners.
 WITH ins AS (
     INSERT INTO {schema}.messages
-        (queue, priority, body, content_type, content_encoding, headers, properties, available_at)
-    VALUES (%(queue)s, %(priority)s, %(body)s, %(content_type)s, %(content_encoding)s,
-            %(headers)s, %(properties)s,
-            COALESCE(%(now)s::timestamptz, now()) + make_interval(secs => %(delay)s))
+        (queue, priority, body, content_type, content_encoding, headers, properties, available_at, expires_at)
+    SELECT %(queue)s, %(priority)s, %(body)s, %(content_type)s, %(content_encoding)s,
+           %(headers)s, %(properties)s,
+           COALESCE(%(now)s::timestamptz, now()) + make_interval(secs => %(delay)s),
+           COALESCE(%(now)s::timestamptz, now())
+               + make_interval(secs => LEAST(%(ttl)s::float8, extract(epoch FROM q.message_ttl)::float8))
+    FROM (SELECT 1) AS one
+    LEFT JOIN {schema}.queues AS q ON q.name = %(queue)s
     RETURNING id, queue
 )
 SELECT ins.id FROM ins CROSS JOIN LATERAL (SELECT pg_notify(%(channel)s, ins.queue)) AS n;
+
+-- name: message_route
+-- Publish through an exchange in one round trip: a copy for every bound queue
+-- that matches (direct: equal key, topic: pattern, fanout: all), each woken.
+WITH targets AS (
+    SELECT DISTINCT b.queue
+    FROM {schema}.bindings AS b
+    JOIN {schema}.exchanges AS e ON e.name = b.exchange
+    WHERE b.exchange = %(exchange)s
+      AND (e.type = 'fanout'
+           OR (e.type = 'direct' AND b.routing_key = %(routing_key)s)
+           OR (e.type = 'topic' AND ('.' || %(routing_key)s) ~ b.pattern))
+), ins AS (
+    INSERT INTO {schema}.messages
+        (queue, priority, body, content_type, content_encoding, headers, properties, available_at, expires_at)
+    SELECT t.queue, %(priority)s, %(body)s, %(content_type)s, %(content_encoding)s,
+           %(headers)s, %(properties)s,
+           COALESCE(%(now)s::timestamptz, now()) + make_interval(secs => %(delay)s),
+           COALESCE(%(now)s::timestamptz, now())
+               + make_interval(secs => LEAST(%(ttl)s::float8, extract(epoch FROM q.message_ttl)::float8))
+    FROM targets AS t
+    LEFT JOIN {schema}.queues AS q ON q.name = t.queue
+    RETURNING id, queue
+)
+SELECT ins.id, ins.queue FROM ins CROSS JOIN LATERAL (SELECT pg_notify(%(channel)s, ins.queue)) AS n;
 
 -- name: message_insert_many
 -- Many messages in one statement (arrays of equal length), one wake-up per queue.
 WITH ins AS (
     INSERT INTO {schema}.messages
-        (queue, priority, body, content_type, content_encoding, headers, properties, available_at)
+        (queue, priority, body, content_type, content_encoding, headers, properties, available_at, expires_at)
     SELECT t.queue, t.priority, t.body, t.content_type, t.content_encoding, t.headers, t.properties,
-           COALESCE(%(now)s::timestamptz, now()) + make_interval(secs => t.delay)
+           COALESCE(%(now)s::timestamptz, now()) + make_interval(secs => t.delay),
+           COALESCE(%(now)s::timestamptz, now())
+               + make_interval(secs => LEAST(t.ttl, extract(epoch FROM q.message_ttl)::float8))
     FROM unnest(%(queues)s::text[], %(priorities)s::smallint[], %(bodies)s::bytea[],
                 %(content_types)s::text[], %(content_encodings)s::text[], %(headers)s::jsonb[],
-                %(properties)s::jsonb[], %(delays)s::float8[])
-         AS t(queue, priority, body, content_type, content_encoding, headers, properties, delay)
+                %(properties)s::jsonb[], %(delays)s::float8[], %(ttls)s::float8[])
+         AS t(queue, priority, body, content_type, content_encoding, headers, properties, delay, ttl)
+    LEFT JOIN {schema}.queues AS q ON q.name = t.queue
     RETURNING id, queue
 ), queues AS (
     SELECT DISTINCT queue FROM ins
@@ -44,6 +77,7 @@ WITH picked AS (
         WHERE m.queue = q.name
           AND m.state = 'ready'
           AND m.available_at <= COALESCE(%(now)s::timestamptz, now())
+          AND (m.expires_at IS NULL OR m.expires_at > COALESCE(%(now)s::timestamptz, now()))
         ORDER BY m.priority DESC, m.id
         LIMIT q.lim
         FOR UPDATE SKIP LOCKED
@@ -180,23 +214,57 @@ UNION ALL
 SELECT NULL, 'consumer_gone' FROM dead_consumers;
 
 -- name: consumer_heartbeat
--- Register this consumer or mark it alive: one row, however many messages it holds.
-INSERT INTO {schema}.consumers (id, hostname, pid, started_at, heartbeat_at)
-VALUES (%(id)s, %(hostname)s, %(pid)s,
-        COALESCE(%(now)s::timestamptz, now()), COALESCE(%(now)s::timestamptz, now()))
-ON CONFLICT (id) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at
-RETURNING heartbeat_at;
+-- Register this consumer or mark it alive: one row however many messages it
+-- holds; the queues it consumes are marked in use (queue expiry, auto_delete).
+WITH beat AS (
+    INSERT INTO {schema}.consumers (id, hostname, pid, started_at, heartbeat_at)
+    VALUES (%(id)s, %(hostname)s, %(pid)s,
+            COALESCE(%(now)s::timestamptz, now()), COALESCE(%(now)s::timestamptz, now()))
+    ON CONFLICT (id) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at
+    RETURNING heartbeat_at
+), touched AS (
+    UPDATE {schema}.queues
+    SET last_used_at = COALESCE(%(now)s::timestamptz, now()),
+        consumed_at = COALESCE(consumed_at, COALESCE(%(now)s::timestamptz, now()))
+    WHERE name = ANY(%(queues)s::text[])
+    RETURNING 1
+)
+SELECT (SELECT heartbeat_at FROM beat) AS heartbeat_at, (SELECT count(*) FROM touched) AS queues;
 
 -- name: consumer_delete
 -- Forget a consumer that stopped cleanly (after it released what it held).
 DELETE FROM {schema}.consumers WHERE id = %(id)s;
 
 -- name: queue_declare
--- Make a queue known (idempotent); a given max_attempts overrides the stored one.
-INSERT INTO {schema}.queues (name, max_attempts, arguments)
-VALUES (%(name)s, %(max_attempts)s, %(arguments)s)
-ON CONFLICT (name) DO UPDATE SET max_attempts = EXCLUDED.max_attempts
-WHERE EXCLUDED.max_attempts IS NOT NULL;
+-- Make a queue known or redeclare it (lifetime and TTL from its arguments; a
+-- given max_attempts overrides the stored one); returns its ready count.
+WITH up AS (
+    INSERT INTO {schema}.queues AS q
+        (name, max_attempts, arguments, durable, auto_delete, exclusive, expires, message_ttl, last_used_at)
+    VALUES (%(name)s, %(max_attempts)s, %(arguments)s, %(durable)s, %(auto_delete)s, %(exclusive)s,
+            make_interval(secs => %(expires)s::float8), make_interval(secs => %(message_ttl)s::float8),
+            COALESCE(%(now)s::timestamptz, now()))
+    ON CONFLICT (name) DO UPDATE
+    SET max_attempts = COALESCE(EXCLUDED.max_attempts, q.max_attempts),
+        arguments = EXCLUDED.arguments,
+        durable = EXCLUDED.durable,
+        auto_delete = EXCLUDED.auto_delete,
+        exclusive = EXCLUDED.exclusive,
+        expires = EXCLUDED.expires,
+        message_ttl = EXCLUDED.message_ttl,
+        last_used_at = EXCLUDED.last_used_at
+    RETURNING name
+)
+SELECT count(*) AS ready FROM {schema}.messages
+WHERE queue = %(name)s AND state = 'ready'
+  AND available_at <= COALESCE(%(now)s::timestamptz, now());
+
+-- name: queue_touch
+-- Mark queues in use now (a consumer started on them).
+UPDATE {schema}.queues
+SET last_used_at = COALESCE(%(now)s::timestamptz, now()),
+    consumed_at = COALESCE(consumed_at, COALESCE(%(now)s::timestamptz, now()))
+WHERE name = ANY(%(queues)s::text[]);
 
 -- name: queue_exists
 -- Whether a queue was declared.
@@ -216,13 +284,90 @@ WITH gone AS (
 SELECT count(*) AS purged FROM gone;
 
 -- name: queue_delete
--- Drop a queue and every message in it (an explicit operator/application action).
+-- Drop a queue, its bindings and every message in it (an explicit action, as on RabbitMQ).
 WITH gone AS (
     DELETE FROM {schema}.messages WHERE queue = %(name)s RETURNING 1
+), unbound AS (
+    DELETE FROM {schema}.bindings WHERE queue = %(name)s RETURNING 1
 ), q AS (
     DELETE FROM {schema}.queues WHERE name = %(name)s RETURNING 1
 )
-SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM q) AS queues;
+SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM q) AS queues,
+       (SELECT count(*) FROM unbound) AS bindings;
+
+-- name: queue_expire
+-- Queue lifetime and message TTL: delete queues unused past x-expires, and
+-- auto_delete/exclusive queues no live consumer touched for %(ttl)s seconds
+-- (with their messages and bindings); expire ready messages past their TTL,
+-- into dead letters when their queue names a dead-letter exchange.
+WITH gone AS (
+    DELETE FROM {schema}.queues AS q
+    WHERE (q.expires IS NOT NULL AND q.last_used_at < COALESCE(%(now)s::timestamptz, now()) - q.expires)
+       OR ((q.auto_delete OR q.exclusive) AND q.consumed_at IS NOT NULL
+           AND q.last_used_at < COALESCE(%(now)s::timestamptz, now()) - make_interval(secs => %(ttl)s))
+    RETURNING q.name
+), dropped AS (
+    DELETE FROM {schema}.messages AS m USING gone WHERE m.queue = gone.name RETURNING 1
+), unbound AS (
+    DELETE FROM {schema}.bindings AS b USING gone WHERE b.queue = gone.name RETURNING 1
+), expired AS (
+    DELETE FROM {schema}.messages AS m
+    WHERE m.expires_at < COALESCE(%(now)s::timestamptz, now()) AND m.state = 'ready'
+    RETURNING m.*
+), buried AS (
+    INSERT INTO {schema}.dead_letters
+        (id, queue, priority, body, content_type, content_encoding, headers, properties,
+         run_count, attempts, reason, last_owner, created_at)
+    SELECT e.id, e.queue, e.priority, e.body, e.content_type, e.content_encoding, e.headers, e.properties,
+           e.run_count, e.attempts, 'expired (message TTL)', e.owner, e.created_at
+    FROM expired AS e
+    JOIN {schema}.queues AS q ON q.name = e.queue
+    WHERE q.arguments ? 'x-dead-letter-exchange' OR q.arguments ? 'x-dead-letter-routing-key'
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS queues, (SELECT count(*) FROM dropped) AS dropped,
+       (SELECT count(*) FROM unbound) AS bindings, (SELECT count(*) FROM expired) AS expired,
+       (SELECT count(*) FROM buried) AS buried;
+
+-- name: exchange_declare
+-- Make an exchange known to every process (redeclaring updates it).
+INSERT INTO {schema}.exchanges AS e (name, type, durable, auto_delete, arguments)
+VALUES (%(name)s, %(type)s, %(durable)s, %(auto_delete)s, %(arguments)s)
+ON CONFLICT (name) DO UPDATE
+SET type = EXCLUDED.type, durable = EXCLUDED.durable, auto_delete = EXCLUDED.auto_delete,
+    arguments = EXCLUDED.arguments
+WHERE (e.type, e.durable, e.auto_delete, e.arguments)
+      IS DISTINCT FROM (EXCLUDED.type, EXCLUDED.durable, EXCLUDED.auto_delete, EXCLUDED.arguments);
+
+-- name: exchange_exists
+-- Whether an exchange was declared.
+SELECT EXISTS (SELECT 1 FROM {schema}.exchanges WHERE name = %(name)s) AS present;
+
+-- name: exchange_delete
+-- Drop an exchange and its bindings (queues and their messages stay).
+WITH unbound AS (
+    DELETE FROM {schema}.bindings WHERE exchange = %(name)s RETURNING 1
+), e AS (
+    DELETE FROM {schema}.exchanges WHERE name = %(name)s RETURNING 1
+)
+SELECT (SELECT count(*) FROM e) AS exchanges, (SELECT count(*) FROM unbound) AS bindings;
+
+-- name: binding_declare
+-- Bind a queue to an exchange with a routing key (idempotent).
+INSERT INTO {schema}.bindings (exchange, routing_key, queue, pattern, arguments)
+VALUES (%(exchange)s, %(routing_key)s, %(queue)s, %(pattern)s, %(arguments)s)
+ON CONFLICT (exchange, routing_key, queue) DO NOTHING;
+
+-- name: binding_delete
+-- Unbind a queue from an exchange for one routing key.
+DELETE FROM {schema}.bindings
+WHERE exchange = %(exchange)s AND routing_key = %(routing_key)s AND queue = %(queue)s;
+
+-- name: binding_list
+-- Every binding, for inspection.
+SELECT b.queue, b.exchange, b.routing_key, e.type
+FROM {schema}.bindings AS b LEFT JOIN {schema}.exchanges AS e ON e.name = b.exchange
+ORDER BY b.exchange, b.routing_key, b.queue;
 
 -- name: message_get
 -- One message row by id, for inspection and tests.
@@ -244,3 +389,136 @@ LIMIT %(limit)s;
 -- name: listen_start
 -- Subscribe this session to the wake-ups of one schema.
 LISTEN {channel};
+
+-- ==== operations (stats, dead letters, prune) ====
+-- Dead-letter filters: each parameter NULL means "any". %(ids)s bigint[],
+-- %(queue)s exact, %(task)s = headers->>'task', %(reason)s a case-insensitive
+-- substring, %(older_than)s seconds before now (by dead_at).
+
+-- name: queue_stats
+-- Per queue (declared, with messages, or with dead letters): ready now, held,
+-- delayed, dead letters, seconds the oldest ready message has been claimable;
+-- and consumers whose heartbeat is within %(ttl)s seconds, schema-wide.
+WITH clock AS (
+    SELECT COALESCE(%(now)s::timestamptz, now()) AS now
+), msg AS (
+    SELECT m.queue,
+           count(*) FILTER (WHERE m.state = 'ready' AND m.available_at <= clock.now) AS ready,
+           count(*) FILTER (WHERE m.state = 'held') AS held,
+           count(*) FILTER (WHERE m.state = 'ready' AND m.available_at > clock.now) AS delayed,
+           min(m.available_at) FILTER (WHERE m.state = 'ready' AND m.available_at <= clock.now) AS oldest_ready_at
+    FROM {schema}.messages AS m CROSS JOIN clock
+    GROUP BY m.queue
+), dead AS (
+    SELECT d.queue, count(*) AS dead FROM {schema}.dead_letters AS d GROUP BY d.queue
+), names AS (
+    SELECT q.name AS queue FROM {schema}.queues AS q
+    UNION SELECT msg.queue FROM msg
+    UNION SELECT dead.queue FROM dead
+), alive AS (
+    SELECT count(*) AS consumers_alive
+    FROM {schema}.consumers AS c CROSS JOIN clock
+    WHERE c.heartbeat_at >= clock.now - make_interval(secs => %(ttl)s)
+)
+-- LEFT JOIN from the one-row clock/alive: an empty schema still reports its consumers (queue NULL).
+SELECT names.queue,
+       COALESCE(msg.ready, 0) AS ready,
+       COALESCE(msg.held, 0) AS held,
+       COALESCE(msg.delayed, 0) AS delayed,
+       COALESCE(dead.dead, 0) AS dead,
+       extract(epoch FROM clock.now - msg.oldest_ready_at)::float8 AS oldest_ready_age_seconds,
+       alive.consumers_alive,
+       clock.now AS taken_at
+FROM clock CROSS JOIN alive
+LEFT JOIN names ON true
+LEFT JOIN msg ON msg.queue = names.queue
+LEFT JOIN dead ON dead.queue = names.queue
+ORDER BY names.queue;
+
+-- name: deadletter_find
+-- Dead letters matching the filters, newest first, without bodies.
+SELECT d.id, d.queue, d.headers->>'task' AS task, d.reason, d.run_count, d.attempts,
+       d.last_owner, d.created_at, d.dead_at, octet_length(d.body) AS body_size
+FROM {schema}.dead_letters AS d
+WHERE (%(ids)s::bigint[] IS NULL OR d.id = ANY(%(ids)s::bigint[]))
+  AND (%(queue)s::text IS NULL OR d.queue = %(queue)s)
+  AND (%(task)s::text IS NULL OR d.headers->>'task' = %(task)s)
+  AND (%(reason)s::text IS NULL OR strpos(lower(d.reason), lower(%(reason)s)) > 0)
+  AND (%(older_than)s::float8 IS NULL
+       OR d.dead_at < COALESCE(%(now)s::timestamptz, now()) - make_interval(secs => %(older_than)s))
+ORDER BY d.dead_at DESC, d.id DESC
+LIMIT %(limit)s;
+
+-- name: deadletter_count
+-- How many dead letters match the filters (what a purge or replay would touch).
+SELECT count(*) AS n
+FROM {schema}.dead_letters AS d
+WHERE (%(ids)s::bigint[] IS NULL OR d.id = ANY(%(ids)s::bigint[]))
+  AND (%(queue)s::text IS NULL OR d.queue = %(queue)s)
+  AND (%(task)s::text IS NULL OR d.headers->>'task' = %(task)s)
+  AND (%(reason)s::text IS NULL OR strpos(lower(d.reason), lower(%(reason)s)) > 0)
+  AND (%(older_than)s::float8 IS NULL
+       OR d.dead_at < COALESCE(%(now)s::timestamptz, now()) - make_interval(secs => %(older_than)s));
+
+-- name: deadletter_get
+-- One dead letter, every column.
+SELECT d.id, d.queue, d.priority, d.body, d.content_type, d.content_encoding, d.headers, d.properties,
+       d.run_count, d.attempts, d.reason, d.last_owner, d.created_at, d.dead_at
+FROM {schema}.dead_letters AS d
+WHERE d.id = %(id)s;
+
+-- name: deadletter_replay
+-- Matching dead letters back into messages as ready with attempts reset, in one
+-- statement: delete + insert under the SAME id, so a replay that is repeated or
+-- races another one never makes a second copy (SKIP LOCKED: a concurrent replay
+-- takes other rows; ON CONFLICT: an id already live stays as it is). run_count
+-- is kept so a stale (id, run_count) tag from a run before the burial can never
+-- match the replayed message's next claim.
+WITH picked AS (
+    SELECT d.id
+    FROM {schema}.dead_letters AS d
+    WHERE (%(ids)s::bigint[] IS NULL OR d.id = ANY(%(ids)s::bigint[]))
+      AND (%(queue)s::text IS NULL OR d.queue = %(queue)s)
+      AND (%(task)s::text IS NULL OR d.headers->>'task' = %(task)s)
+      AND (%(reason)s::text IS NULL OR strpos(lower(d.reason), lower(%(reason)s)) > 0)
+      AND (%(older_than)s::float8 IS NULL
+           OR d.dead_at < COALESCE(%(now)s::timestamptz, now()) - make_interval(secs => %(older_than)s))
+    ORDER BY d.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM {schema}.dead_letters AS d USING picked
+    WHERE d.id = picked.id
+    RETURNING d.*
+), back AS (
+    INSERT INTO {schema}.messages
+        (id, queue, priority, body, content_type, content_encoding, headers, properties,
+         state, available_at, run_count, attempts, created_at)
+    OVERRIDING SYSTEM VALUE
+    SELECT g.id, g.queue, g.priority, g.body, g.content_type, g.content_encoding, g.headers, g.properties,
+           'ready', COALESCE(%(now)s::timestamptz, now()), g.run_count, 0, g.created_at
+    FROM gone AS g
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id, queue
+), woken AS (
+    SELECT DISTINCT back.queue FROM back
+)
+SELECT back.id, 'replayed' AS outcome FROM back
+UNION ALL
+SELECT gone.id, 'already_live' AS outcome FROM gone WHERE gone.id NOT IN (SELECT back.id FROM back)
+UNION ALL
+SELECT NULL, 'notified' FROM woken CROSS JOIN LATERAL (SELECT pg_notify(%(channel)s, woken.queue)) AS n;
+
+-- name: deadletter_purge
+-- Delete the dead letters matching the filters (prune = older_than N days); returns how many.
+WITH gone AS (
+    DELETE FROM {schema}.dead_letters AS d
+    WHERE (%(ids)s::bigint[] IS NULL OR d.id = ANY(%(ids)s::bigint[]))
+      AND (%(queue)s::text IS NULL OR d.queue = %(queue)s)
+      AND (%(task)s::text IS NULL OR d.headers->>'task' = %(task)s)
+      AND (%(reason)s::text IS NULL OR strpos(lower(d.reason), lower(%(reason)s)) > 0)
+      AND (%(older_than)s::float8 IS NULL
+           OR d.dead_at < COALESCE(%(now)s::timestamptz, now()) - make_interval(secs => %(older_than)s))
+    RETURNING 1
+)
+SELECT count(*) AS purged FROM gone;
