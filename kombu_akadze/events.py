@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import random
 import select
 import time
+from collections.abc import Callable
+from typing import Any
 
 from kombu_akadze.errors import AkadzeError
 from kombu_akadze.store import Store
@@ -18,12 +22,44 @@ def jittered(poll_interval: float) -> float:
     return poll_interval * random.uniform(0.5, 1.0)
 
 
+class Waker:
+    """A self-pipe: wake() makes a select/poll on fileno() return now, from any thread."""
+
+    def __init__(self) -> None:
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+        self._pending = False
+
+    def fileno(self) -> int:
+        return self._r
+
+    def wake(self) -> None:
+        if self._pending:
+            return
+        self._pending = True
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._w, b"!")
+
+    def drain(self) -> None:
+        self._pending = False
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._r, 512):
+                pass
+
+    def close(self) -> None:
+        for fd in (self._r, self._w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
 class Listener:
     """One LISTEN session per consuming connection, re-armed after every reconnect."""
 
-    def __init__(self, store: Store, *, enabled: bool) -> None:
+    def __init__(self, store: Store, *, enabled: bool, waker: Waker | None = None) -> None:
         self.store = store
         self.enabled = enabled
+        self.waker = waker
         self.fd: int | None = None
         self.wakeups = 0
 
@@ -53,20 +89,135 @@ class Listener:
         return names
 
     def wait(self, timeout: float) -> bool:
-        """Block up to *timeout* seconds for a wake-up; True if one came."""
+        """Block up to *timeout* seconds for a wake-up (a NOTIFY, or the waker: an ack freed a slot)."""
         fd = self.arm()
-        if fd is None:
+        if fd is not None and self.drain():
+            return True
+        fds = [f for f in (fd, self.waker.fileno() if self.waker else None) if f is not None]
+        if not fds:
             time.sleep(max(timeout, 0.0))
             return False
-        if self.drain():
-            return True
         try:
-            ready, _, _ = select.select([fd], [], [], max(timeout, 0.0))
+            ready, _, _ = select.select(fds, [], [], max(timeout, 0.0))
         except (OSError, ValueError):
             self.fd = None
             return False
+        if self.waker is not None and self.waker.fileno() in ready:
+            self.waker.drain()
+            return True
         return bool(ready) and bool(self.drain())
 
     def close(self) -> None:
         self.fd = None
         self.store.close()
+
+
+class HubDriver:
+    """Celery's event loop (kombu hub) drives consumption: LISTEN socket readable -> claim; a jittered
+    safety poll re-arms LISTEN and claims anyway; acks of one tick are flushed together, then a claim."""
+
+    def __init__(
+        self,
+        *,
+        hub: Any,
+        listener: Listener,
+        claim_round: Callable[[], bool],
+        deliver_one: Callable[[], bool],
+        has_free_slot: Callable[[], bool],
+        flush_outcomes: Callable[[], None],
+        poll_interval: float,
+        waker: Waker,
+    ) -> None:
+        self.hub = hub
+        self.waker = waker
+        self.listener = listener
+        self.claim_round = claim_round
+        self.deliver_one = deliver_one
+        self.has_free_slot = has_free_slot
+        self.flush_outcomes = flush_outcomes
+        self.poll_interval = poll_interval
+        self._registered_fd: int | None = None
+        self._timer: Any = None
+        self._stopped = False
+        #: Whether a claim could find something: set by wake-ups, the poll and full claims;
+        #: cleared by a claim that got less than it asked, so acks alone cost no empty claims.
+        self.maybe_ready = True
+        self.claims = 0
+
+    def start(self) -> None:
+        # The waker is a reader of the hub: wake() from a pool-result callback, another thread or
+        # this driver itself makes the hub's next poll return at once, never after a poll timeout.
+        self.hub.add_reader(self.waker.fileno(), self._on_wake)
+        self._arm()
+        self.wake(ready=True)
+        self._schedule_poll()
+
+    @property
+    def running(self) -> bool:
+        return not self._stopped
+
+    def stop(self) -> None:
+        self._stopped = True
+        self.hub.remove_reader(self.waker.fileno())
+        if self._registered_fd is not None:
+            self.hub.remove_reader(self._registered_fd)
+            self._registered_fd = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def wake(self, *, ready: bool = False) -> None:
+        """Flush outcomes and (if anything may be ready) claim at the end of this tick; calls coalesce."""
+        if ready:
+            self.maybe_ready = True
+        if self._stopped:
+            return
+        self.waker.wake()
+
+    def _on_wake(self, *args: Any) -> None:
+        self.waker.drain()
+        if self._stopped:
+            return
+        self.flush_outcomes()
+        # One message per loop iteration, so Celery can stop (warm shutdown) between two of them.
+        if self.deliver_one():
+            self.wake()
+            return
+        if not self.maybe_ready or not self.has_free_slot():
+            return
+        self.claims += 1
+        self.maybe_ready = self.claim_round()
+        self.wake()  # deliver what was claimed; claim again at once if the claim filled every slot
+
+    def _arm(self) -> None:
+        fd = self.listener.arm()
+        if fd == self._registered_fd:
+            return
+        if self._registered_fd is not None:
+            self.hub.remove_reader(self._registered_fd)
+            self._registered_fd = None
+        if fd is not None:
+            self.hub.add_reader(fd, self._on_readable)
+            self._registered_fd = fd
+
+    def _on_readable(self, *args: Any) -> None:
+        woken = self.listener.drain()
+        if self.listener.fd is None:
+            self._arm()  # the session died: drop its socket, re-arm (or poll until we can)
+            self.wake(ready=True)
+        elif woken:
+            self.wake(ready=True)
+
+    def _on_poll(self) -> None:
+        self._timer = None
+        if self._stopped:
+            return
+        try:
+            self._arm()
+            self.wake(ready=True)
+        finally:
+            self._schedule_poll()
+
+    def _schedule_poll(self) -> None:
+        if not self._stopped:
+            self._timer = self.hub.call_later(jittered(self.poll_interval), self._on_poll)

@@ -35,15 +35,19 @@ def parse_tag(delivery_tag: Any) -> Tag:
 
 
 class QoS(virtual.QoS):
-    """Prefetch accounting from kombu; outcomes written to the row the tag names, never a copy."""
+    """Prefetch accounting from kombu; outcomes written to the row the tag names, never a copy.
+
+    Outcomes (ack, requeue, bury) are buffered and written in one fenced statement per kind: at once
+    without an event loop, at the end of the event-loop tick with one (batched acks). A lost buffered
+    ack only means a redelivery, as with RabbitMQ's unconfirmed acks; a graceful stop flushes them.
+    """
 
     channel: Channel
 
     def __init__(self, channel: Channel, prefetch_count: int = 0) -> None:
         super().__init__(channel, prefetch_count)
-        self._retry_lock = threading.Lock()
-        # Outcomes whose statement failed transiently: retried while the lease is ours.
-        self._retry: list[tuple[str, str]] = []
+        self._pending_lock = threading.Lock()
+        self._pending: list[tuple[str, str]] = []
 
     def ack(self, delivery_tag: str) -> None:
         self._settle("ack", delivery_tag)
@@ -51,58 +55,85 @@ class QoS(virtual.QoS):
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         self._settle("requeue" if requeue else "bury", delivery_tag)
 
-    def _settle(self, kind: str, delivery_tag: str, *, retrying: bool = False) -> bool:
-        tag = parse_tag(delivery_tag)
+    def _settle(self, kind: str, delivery_tag: str) -> None:
+        parse_tag(delivery_tag)  # a foreign tag fails here, loudly, before anything is buffered
+        with self._pending_lock:
+            self._pending.append((kind, delivery_tag))
+        self._quick_ack(delivery_tag)  # the prefetch slot is free now; the row follows at the flush
+        if not self.channel.connection.outcome_flush_scheduled():
+            self.flush()
+
+    @property
+    def pending(self) -> int:
+        with self._pending_lock:
+            return len(self._pending)
+
+    def flush(self) -> int:
+        """Write every buffered outcome, one statement per kind; returns how many are still pending."""
+        with self._pending_lock:
+            batch, self._pending = self._pending, []
+        if not batch:
+            return 0
+        failed: list[tuple[str, str]] = []
+        for kind in ("ack", "bury", "requeue"):
+            dtags = [dtag for k, dtag in batch if k == kind]
+            if dtags and not self._write(kind, dtags):
+                failed.extend((kind, dtag) for dtag in dtags)
+        if failed:
+            with self._pending_lock:
+                self._pending[:0] = failed
+        return len(failed)
+
+    def _write(self, kind: str, dtags: list[str]) -> bool:
+        tags = [parse_tag(d) for d in dtags]
         store = self.channel.store
         try:
             if kind == "ack":
-                done = store.message_ack([tag])
+                done = store.message_ack(tags)
             elif kind == "bury":
-                done = store.message_bury([tag], reason=REJECT_REASON)
+                done = store.message_bury(tags, reason=REJECT_REASON)
             else:
-                outcome = store.message_requeue([tag], max_attempts=self.channel.max_attempts_default)
+                outcome = store.message_requeue(tags, max_attempts=self.channel.max_attempts_default)
                 done = set(outcome.ready | outcome.dead)
-                if outcome.dead:
-                    logger.warning("kombu-akadze: message id=%s used up its attempts; moved to dead letters", tag[0])
+                for message_id in sorted(outcome.dead):
+                    logger.warning(
+                        "kombu-akadze: message id=%s used up its attempts; moved to dead letters", message_id
+                    )
         except TransientDatabaseError as exc:
             logger.error(
-                "kombu-akadze: %s of message id=%s run_count=%s failed (%s); the message stays held "
-                "and the %s is retried while its lease is ours",
+                "kombu-akadze: %s of %d message(s) failed (%s); they stay held and the %s is retried "
+                "while their leases are ours",
                 kind,
-                tag[0],
-                tag[1],
+                len(tags),
                 exc,
                 kind,
             )
-            with self._retry_lock:
-                self._retry.append((kind, delivery_tag))
             return False
-        if tag[0] not in done:
-            log = logger.info if retrying else logger.warning
-            log(
-                "kombu-akadze: %s of message id=%s run_count=%s changed nothing: that run is not ours any "
-                "more (its lease was rescued after a missed heartbeat, or the message is gone); the "
-                "newer run stands",
-                kind,
-                tag[0],
-                tag[1],
-            )
-            self.channel.connection.fenced_outcomes += 1
-        self._quick_ack(delivery_tag)
+        for message_id, run_count in tags:
+            if message_id not in done:
+                logger.warning(
+                    "kombu-akadze: %s of message id=%s run_count=%s changed nothing: that run is not ours any "
+                    "more (its lease was rescued after a missed heartbeat, or the message is gone); the "
+                    "newer run stands",
+                    kind,
+                    message_id,
+                    run_count,
+                )
+                self.channel.connection.fenced_outcomes += 1
         return True
 
     def retry_pending(self) -> int:
         """Write again the outcomes that failed transiently; returns how many are still pending."""
-        with self._retry_lock:
-            pending, self._retry = self._retry, []
-        for kind, delivery_tag in pending:
-            self._settle(kind, delivery_tag, retrying=True)
-        with self._retry_lock:
-            return len(self._retry)
+        return self.flush()
+
+    def restore_unacked_once(self, stderr: Any = None) -> None:
+        """At close: write buffered outcomes even when nothing is left unacked (kombu skips then)."""
+        self.flush()
+        super().restore_unacked_once(stderr)
 
     def restore_unacked(self) -> list[tuple[BaseException, Any]]:
         """Give back every held, unsettled message in place, attempt not spent (one statement)."""
-        self.retry_pending()
+        self.flush()
         self._flush()
         delivered = self._delivered
         tags = [parse_tag(dtag) for dtag in list(delivered) if dtag not in self._dirty]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -10,7 +11,17 @@ from kombu_akadze.store import QueueStats, StatsSnapshot
 if TYPE_CHECKING:
     from kombu_akadze.store import Store
 
-__all__ = ["DEFAULT_CONSUMER_TTL", "QueueStats", "StatsSnapshot", "as_dict", "queue_stats", "snapshot"]
+__all__ = [
+    "DEFAULT_CONSUMER_TTL",
+    "QueueStats",
+    "StatsSnapshot",
+    "age",
+    "as_dict",
+    "as_text",
+    "queue_stats",
+    "snapshot",
+    "table",
+]
 
 #: Seconds of heartbeat silence after which a consumer no longer counts as alive
 #: (the transport's default heartbeat_ttl).
@@ -44,3 +55,35 @@ def as_dict(snap: StatsSnapshot) -> dict[str, Any]:
             for q in snap.queues
         ],
     }
+
+
+def as_text(snap: StatsSnapshot, ttl: float = DEFAULT_CONSUMER_TTL) -> str:
+    """The human table of a snapshot (``akadze stats``)."""
+    rows = [[q.queue, q.ready, q.held, q.delayed, q.dead, age(q.oldest_ready_age_seconds)] for q in snap.queues]
+    text = table(["QUEUE", "READY", "HELD", "DELAYED", "DEAD", "OLDEST READY"], rows) if rows else "no queues"
+    when = snap.taken_at.strftime("%Y-%m-%d %H:%M:%S %Z")
+    return f"{text}\nconsumers alive: {snap.consumers_alive} (heartbeat within {ttl:g} s) at {when}"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain-text table: numbers right-aligned, None shown as '-'."""
+    cells = [[("-" if c is None else str(c)) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    numeric = [bool(cells) and all(isinstance(row[i], int | float) for row in rows) for i in range(len(headers))]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(v.rjust(w) if n else v.ljust(w) for v, w, n in zip(values, widths, numeric, strict=True))
+
+    return "\n".join(line(r).rstrip() for r in [list(headers), *cells])
+
+
+def age(seconds: float | None) -> str:
+    """A short age: 4.2s, 17m, 5h, 3d ('-' for None)."""
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    for limit, unit, size in ((7200, "m", 60), (172800, "h", 3600)):
+        if seconds < limit:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds / 86400:.0f}d"

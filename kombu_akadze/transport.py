@@ -48,11 +48,11 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable
 from queue import Empty
 from typing import Any
 
@@ -62,12 +62,13 @@ from kombu.transport import virtual
 from kombu.utils.objects import cached_property
 
 from kombu_akadze import embedded, migrate
+from kombu_akadze.delivery import Deliverer, payload_of
 from kombu_akadze.errors import AkadzeError, MessageTooLargeError, TransientDatabaseError
-from kombu_akadze.events import Listener, jittered
+from kombu_akadze.events import HubDriver, Listener, Waker, jittered
 from kombu_akadze.exchanges import ExchangeMixin, milliseconds
 from kombu_akadze.heartbeat import Heartbeat
 from kombu_akadze.options import Options
-from kombu_akadze.qos import QoS, make_tag, parse_tag
+from kombu_akadze.qos import QoS, parse_tag
 from kombu_akadze.store import DRIVER_VERSION, ClaimedMessage, NewMessage, Store
 from kombu_akadze.urls import is_embedded, mask_password, to_dsn
 
@@ -166,33 +167,20 @@ class Channel(ExchangeMixin, virtual.Channel):
         self.store.queue_touch(queues=[queue])
         return result
 
+    def close(self) -> None:
+        """Buffered (claimed, not yet delivered) messages go back first; then kombu restores the unacked."""
+        if not self.closed and self.connection is not None:
+            self.connection.deliverer.release_buffered(self)
+            if self._qos is not None:
+                self._qos.flush()
+        super().close()
+
     def _restore(self, message: Any) -> None:
         """Give one held message back in place; kombu's default would insert a copy."""
         self.store.message_release([parse_tag(message.delivery_tag)])
 
     def _restore_at_beginning(self, message: Any) -> None:
         self._restore(message)
-
-
-def payload_of(message: ClaimedMessage) -> dict[str, Any]:
-    """The kombu virtual-transport payload of one claimed row."""
-    properties = dict(message.properties)
-    delivery_info = dict(properties.get("delivery_info") or {})
-    delivery_info["redelivered"] = message.run_count > 1
-    properties["delivery_info"] = delivery_info
-    properties["delivery_tag"] = make_tag(message.id, message.run_count)
-    properties["body_encoding"] = None
-    headers = dict(message.headers)
-    # Visible to tasks as self.request.akadze_attempt etc., so they can be idempotent on purpose.
-    headers["akadze_message_id"] = message.id
-    headers["akadze_attempt"] = message.attempts
-    return {
-        "body": message.body,
-        "content-type": message.content_type,
-        "content-encoding": message.content_encoding,
-        "headers": headers,
-        "properties": properties,
-    }
 
 
 class Transport(virtual.Transport):
@@ -206,7 +194,7 @@ class Transport(virtual.Transport):
     polling_interval = 1.0
 
     implements = virtual.Transport.implements.extend(
-        asynchronous=False,
+        asynchronous=True,
         exchange_type=frozenset(["direct", "topic", "fanout"]),
         heartbeats=False,
     )
@@ -226,6 +214,8 @@ class Transport(virtual.Transport):
         self._listener: Listener | None = None
         self._consumer_lock = threading.Lock()
         self._rotation = 0
+        self._driver: HubDriver | None = None
+        self.waker = Waker()
 
     # -- connection ---------------------------------------------------------
 
@@ -240,6 +230,16 @@ class Transport(virtual.Transport):
     def store(self) -> Store:
         return self._new_store("command")
 
+    @cached_property
+    def deliverer(self) -> Deliverer:
+        return Deliverer(
+            store=self.store,
+            claim=self.claim,
+            callbacks=self._callbacks,
+            channels=lambda: list(self.channels),
+            claim_batch=self.options.claim_batch,
+        )
+
     def _new_store(self, role: str) -> Store:
         return Store(self.dsn, schema=self.options.schema, role=role, connect_timeout=self.options.connect_timeout)
 
@@ -253,7 +253,53 @@ class Transport(virtual.Transport):
         self.store.connection()
         return super().establish_connection()
 
+    def register_with_event_loop(self, connection: Any, loop: Any) -> None:
+        """Celery's worker runs its event loop (asynloop): wake-ups come from the LISTEN socket."""
+        self._ensure_consumer()
+        assert self._listener is not None
+        if self._driver is not None:
+            self._driver.stop()
+        self._driver = HubDriver(
+            hub=loop,
+            listener=self._listener,
+            claim_round=lambda: self.deliverer.claim_round()[1],
+            deliver_one=self.deliverer.deliver_one,
+            has_free_slot=self.deliverer.has_free_slot,
+            flush_outcomes=self.flush_outcomes,
+            poll_interval=self.options.poll_interval,
+            waker=self.waker,
+        )
+        self._driver.start()
+
+    def unregister_from_event_loop(self, connection: Any, loop: Any) -> None:
+        driver, self._driver = self._driver, None
+        if driver is not None:
+            driver.stop()
+
+    def outcome_flush_scheduled(self) -> bool:
+        """With a running event loop, outcomes of one tick are flushed together (and a claim follows);
+        otherwise the caller writes now, and a consumer waiting in drain_events is woken."""
+        driver = self._driver
+        if driver is None or not driver.running:
+            self.waker.wake()
+            return False
+        driver.wake()
+        return True
+
+    def flush_outcomes(self) -> None:
+        for channel in list(self.channels):
+            if channel._qos is not None:
+                channel._qos.flush()
+
+    def waker_wait(self, timeout: float) -> None:
+        """Sleep up to *timeout*, returning early when an outcome frees a slot."""
+        ready, _, _ = select.select([self.waker.fileno()], [], [], max(timeout, 0.0))
+        if ready:
+            self.waker.drain()
+
     def close_connection(self, connection: Any) -> None:
+        self.unregister_from_event_loop(connection, None)
+        self.flush_outcomes()
         try:
             super().close_connection(connection)  # closes channels: held messages released in place
         finally:
@@ -302,7 +348,7 @@ class Transport(virtual.Transport):
             heartbeat.start()
             self._heartbeat = heartbeat
             if self._listener is None:
-                self._listener = Listener(self._new_store("listen"), enabled=opts.listen)
+                self._listener = Listener(self._new_store("listen"), enabled=opts.listen, waker=self.waker)
 
     def _stop_consumer(self) -> None:
         heartbeat, self._heartbeat = self._heartbeat, None
@@ -326,10 +372,14 @@ class Transport(virtual.Transport):
     # -- draining -----------------------------------------------------------
 
     def drain_events(self, connection: Any, timeout: float | None = None) -> None:  # type: ignore[override]
-        """Deliver what is ready; else wait on LISTEN (or the jittered safety poll) up to *timeout*."""
+        """Deliver one message; else wait on LISTEN, an ack (waker) or the safety poll, up to *timeout*."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            if self._deliver_round():
+            self.flush_outcomes()
+            if self.deliverer.deliver_one():
+                return
+            self.deliverer.claim_round()
+            if self.deliverer.deliver_one():
                 return
             wait = jittered(self.options.poll_interval)
             if deadline is not None:
@@ -340,73 +390,4 @@ class Transport(virtual.Transport):
             if self._listener is not None:
                 self._listener.wait(wait)
             else:
-                time.sleep(wait)
-
-    def _deliver_round(self) -> int:
-        delivered = 0
-        for channel in list(self.channels):
-            channel.qos.retry_pending()
-            if not channel._consumers or not channel.qos.can_consume():
-                continue
-            free = channel.qos.can_consume_max_estimate() or self.options.claim_batch
-            queues = list(dict.fromkeys(channel._active_queues))
-            delivered += self._claim_and_deliver(queues, free)
-        return delivered
-
-    def _claim_and_deliver(self, queues: list[str], free: int) -> int:
-        """Claim up to *free* messages, fair between queues, and hand each to its consumer."""
-        delivered = 0
-        candidates = _rotate(queues, self._rotation)
-        self._rotation += 1
-        while free > 0 and candidates:
-            limits = _split_slots(free, len(candidates))
-            asked = [(q, n) for q, n in zip(candidates, limits, strict=True) if n > 0]
-            claimed = self.claim([q for q, _ in asked], [n for _, n in asked])
-            self._hand_over(claimed)
-            delivered += len(claimed)
-            free -= len(claimed)
-            got: dict[str, int] = {}
-            for message in claimed:
-                got[message.queue] = got.get(message.queue, 0) + 1
-            # Queues that gave less than asked are empty for this round; untried ones get the rest.
-            asked_of = dict(asked)
-            candidates = [q for q in candidates if q not in asked_of or got.get(q, 0) >= asked_of[q]]
-        return delivered
-
-    def _hand_over(self, claimed: Iterable[ClaimedMessage]) -> None:
-        pending = list(claimed)
-        try:
-            while pending:
-                message = pending[0]
-                callback = self._callbacks.get(message.queue)
-                if callback is None:
-                    self._release([pending.pop(0)])
-                    continue
-                payload = payload_of(pending.pop(0))
-                callback(payload)
-        finally:
-            if pending:
-                self._release(pending)
-
-    def _release(self, messages: list[ClaimedMessage]) -> None:
-        try:
-            self.store.message_release([m.tag for m in messages])
-        except AkadzeError as exc:
-            logger.error(
-                "kombu-akadze: could not release %d undelivered message(s) (%s); rescued after heartbeat_ttl",
-                len(messages),
-                exc,
-            )
-
-
-def _rotate(items: list[str], by: int) -> list[str]:
-    if not items:
-        return []
-    k = by % len(items)
-    return items[k:] + items[:k]
-
-
-def _split_slots(free: int, queues: int) -> list[int]:
-    """Share *free* slots between *queues* as evenly as possible, earlier queues first."""
-    base, extra = divmod(free, queues)
-    return [base + (1 if i < extra else 0) for i in range(queues)]
+                self.waker_wait(wait)

@@ -391,22 +391,23 @@ LIMIT %(limit)s;
 LISTEN {channel};
 
 -- ==== operations (stats, dead letters, prune) ====
--- Dead-letter filters: each parameter NULL means "any". %(ids)s bigint[],
--- %(queue)s exact, %(task)s = headers->>'task', %(reason)s a case-insensitive
--- substring, %(older_than)s seconds before now (by dead_at).
 
 -- name: queue_stats
 -- Per queue (declared, with messages, or with dead letters): ready now, held,
 -- delayed, dead letters, seconds the oldest ready message has been claimable;
 -- and consumers whose heartbeat is within %(ttl)s seconds, schema-wide.
+-- "Ready" matches the claim: expired rows that queue_expire has not swept yet
+-- are not counted.
 WITH clock AS (
     SELECT COALESCE(%(now)s::timestamptz, now()) AS now
 ), msg AS (
     SELECT m.queue,
-           count(*) FILTER (WHERE m.state = 'ready' AND m.available_at <= clock.now) AS ready,
+           count(*) FILTER (WHERE m.state = 'ready' AND m.available_at <= clock.now
+                              AND (m.expires_at IS NULL OR m.expires_at > clock.now)) AS ready,
            count(*) FILTER (WHERE m.state = 'held') AS held,
            count(*) FILTER (WHERE m.state = 'ready' AND m.available_at > clock.now) AS delayed,
-           min(m.available_at) FILTER (WHERE m.state = 'ready' AND m.available_at <= clock.now) AS oldest_ready_at
+           min(m.available_at) FILTER (WHERE m.state = 'ready' AND m.available_at <= clock.now
+                                         AND (m.expires_at IS NULL OR m.expires_at > clock.now)) AS oldest_ready_at
     FROM {schema}.messages AS m CROSS JOIN clock
     GROUP BY m.queue
 ), dead AS (
@@ -436,7 +437,9 @@ LEFT JOIN dead ON dead.queue = names.queue
 ORDER BY names.queue;
 
 -- name: deadletter_find
--- Dead letters matching the filters, newest first, without bodies.
+-- Dead letters matching the filters, newest first, without bodies. Filters
+-- (here and below; NULL = any): ids, queue, task = headers->>'task', reason
+-- (case-insensitive substring), older_than (seconds before now, by dead_at).
 SELECT d.id, d.queue, d.headers->>'task' AS task, d.reason, d.run_count, d.attempts,
        d.last_owner, d.created_at, d.dead_at, octet_length(d.body) AS body_size
 FROM {schema}.dead_letters AS d

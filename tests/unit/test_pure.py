@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from kombu_akadze import sqlfiles
+from kombu_akadze.delivery import rotate as _rotate
+from kombu_akadze.delivery import split_slots as _split_slots
 from kombu_akadze.errors import ConfigurationError
 from kombu_akadze.options import Options
 from kombu_akadze.qos import make_tag, parse_tag
-from kombu_akadze.transport import _rotate, _split_slots
 from kombu_akadze.urls import is_embedded, mask_password, to_dsn
 
 

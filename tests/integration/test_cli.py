@@ -1,0 +1,209 @@
+"""The `akadze` command line against real PostgreSQL: stats, dead letters, purge, prune, metrics, errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner, Result
+
+from kombu_akadze.cli import akadze
+from kombu_akadze.store import NewMessage, Store
+from kombu_akadze.testing import eventually
+
+OWNER = "consumer-a"
+AKADZE = Path(sys.executable).with_name("akadze")
+
+
+@pytest.fixture
+def cli(pg_url: str, schema: str) -> Any:
+    """Run `akadze ARGS` in-process with AKADZE_URL/AKADZE_SCHEMA pointing at the test schema."""
+    runner = CliRunner()
+
+    def run(*args: str, env: dict[str, str] | None = None) -> Result:
+        return runner.invoke(akadze, list(args), env={"AKADZE_URL": pg_url, "AKADZE_SCHEMA": schema, **(env or {})})
+
+    return run
+
+
+def bury(store: Store, queue: str, n: int, *, reason: str = "bad input", task: str = "app.add") -> list[int]:
+    for i in range(n):
+        store.message_insert(NewMessage(queue=queue, body=f"{queue}-{i}".encode(), headers={"task": task}))
+    store.consumer_heartbeat(consumer_id=OWNER, hostname="h", pid=1)
+    claimed = store.message_claim(queues=[queue], limits=[n], owner=OWNER)
+    return sorted(store.message_bury([m.tag for m in claimed], reason=reason))
+
+
+def every_command(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    found = []
+    for name, command in group.commands.items():
+        found.append((*prefix, name))
+        if isinstance(command, click.Group):
+            found.extend(every_command(command, (*prefix, name)))
+    return found
+
+
+@pytest.mark.parametrize("path", every_command(akadze), ids=" ".join)
+def test_every_command_has_help(cli: Any, path: tuple[str, ...]) -> None:
+    result = cli(*path, "--help")
+    assert result.exit_code == 0, result.output
+    assert "Usage:" in result.output
+
+
+def test_migrate_commands_still_work(cli: Any) -> None:
+    assert cli("migrate", "status").exit_code == 0
+    assert "up to date" in cli("migrate", "status").output
+    assert cli("migrate").exit_code == 0
+
+
+def test_stats_shows_a_table_and_json(cli: Any, store: Store) -> None:
+    store.message_insert_many([NewMessage(queue="work", body=b"x") for _ in range(4)])
+    store.message_insert(NewMessage(queue="work", body=b"later", delay=3600))
+    bury(store, "work", 1)
+
+    text = cli("stats")
+    assert text.exit_code == 0, text.output
+    header, row, *rest = text.output.splitlines()
+    assert header.split() == ["QUEUE", "READY", "HELD", "DELAYED", "DEAD", "OLDEST", "READY"]
+    assert row.split()[:5] == ["work", "4", "0", "1", "1"]
+    assert "consumers alive: 1" in rest[-1]
+
+    data = json.loads(cli("stats", "--json").output)
+    (work,) = data["queues"]
+    assert (work["ready"], work["held"], work["delayed"], work["dead"]) == (4, 0, 1, 1)
+    assert data["consumers_alive"] == 1
+
+
+def test_stats_watch_refreshes_count_times(cli: Any, store: Store) -> None:
+    store.message_insert(NewMessage(queue="q", body=b"x"))
+    result = cli("stats", "--json", "--watch", "0.01", "--count", "2")
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 2
+    assert all(json.loads(line)["queues"][0]["ready"] == 1 for line in lines)
+    assert cli("stats", "--watch", "--count", "1").exit_code == 0
+    assert cli("stats", "--count", "2").exit_code == 2
+
+
+def test_dead_list_show_replay_and_purge(cli: Any, store: Store) -> None:
+    a = bury(store, "a", 2, reason="ValueError: bad input")
+    b = bury(store, "b", 1, reason="max_attempts exceeded", task="app.mul")
+
+    listed = cli("dead", "list")
+    assert listed.exit_code == 0, listed.output
+    assert listed.output.splitlines()[0].split() == ["ID", "QUEUE", "TASK", "REASON", "ATTEMPTS", "DEAD", "AT"]
+    assert len(listed.output.splitlines()) == 4
+    only_b = json.loads(cli("dead", "list", "--task", "app.mul", "--json").output)
+    assert [d["id"] for d in only_b] == b
+    assert json.loads(cli("dead", "list", "--older-than", "1h", "--json").output) == []
+
+    shown = json.loads(cli("dead", "show", str(a[0]), "--json").output)
+    assert (shown["queue"], shown["body_repr"], shown["headers"]) == ("a", "b'a-0'", {"task": "app.add"})
+    assert "body (3 bytes): b'a-0'" in cli("dead", "show", str(a[0])).output
+    missing = cli("dead", "show", "999999")
+    assert missing.exit_code == 2
+    assert "no dead letter with id 999999" in missing.output
+
+    replayed = json.loads(cli("dead", "replay", "--queue", "a", "--json").output)
+    assert replayed == {"replayed": a, "already_live": []}
+    assert "replayed 0 dead letter(s)" in cli("dead", "replay", *map(str, a)).output
+    assert store.message_counts() == {("a", "ready"): 2}
+
+    refused = cli("dead", "purge", "--reason", "max_attempts")
+    assert refused.exit_code == 2
+    assert "would delete 1 dead letter(s)" in refused.output
+    assert "deleted 1 dead letter(s)" in cli("dead", "purge", "--reason", "max_attempts", "--yes").output
+    assert json.loads(cli("dead", "list", "--json").output) == []
+
+
+def test_dead_replay_and_purge_need_ids_a_filter_or_all(cli: Any, store: Store) -> None:
+    bury(store, "a", 2)
+    for command in ("replay", "purge"):
+        result = cli("dead", command, "--yes") if command == "purge" else cli("dead", command)
+        assert result.exit_code == 2
+        assert "--all" in result.output
+    assert "deleted 2 dead letter(s)" in cli("dead", "purge", "--all", "--yes").output
+
+
+def test_purge_deletes_ready_messages_only_and_needs_yes(cli: Any, store: Store) -> None:
+    store.message_insert_many([NewMessage(queue="q", body=b"x") for _ in range(3)])
+    store.consumer_heartbeat(consumer_id=OWNER, hostname="h", pid=1)
+    store.message_claim(queues=["q"], limits=[1], owner=OWNER)
+
+    refused = cli("purge", "q")
+    assert refused.exit_code == 2
+    assert "would delete 2 ready message(s) of queue 'q'; pass --yes" in refused.output
+    unknown = cli("purge", "nope", "--yes")
+    assert unknown.exit_code == 2
+    assert "no queue 'nope'" in unknown.output
+    assert "known queues: q" in unknown.output
+
+    done = cli("purge", "q", "--yes", "--json")
+    assert json.loads(done.output) == {"queue": "q", "purged": 2}
+    assert store.message_counts() == {("q", "held"): 1}
+
+
+def test_prune_deletes_only_old_dead_letters(cli: Any, store: Store) -> None:
+    bury(store, "a", 2)
+    assert json.loads(cli("prune", "--json").output) == {"pruned": 0, "days": 14.0}
+    assert cli("prune", "--days", "0").exit_code == 2
+    assert len(json.loads(cli("dead", "list", "--json").output)) == 2
+
+
+def test_errors_are_one_line_exit_2_and_never_show_the_password(cli: Any, pg_url: str) -> None:
+    refused = cli("stats", env={"AKADZE_URL": "postgresql://akadze:s3cret@127.0.0.1:1/db"})
+    assert refused.exit_code == 2
+    assert "s3cret" not in refused.output
+    assert "cannot connect to PostgreSQL at postgresql://akadze:**@127.0.0.1:1/db" in refused.output
+
+    no_url = CliRunner().invoke(akadze, ["stats"], env={"AKADZE_URL": ""})
+    assert no_url.exit_code == 2
+    assert "pass --url postgresql://" in no_url.output
+
+    no_schema = cli("dead", "list", "--schema", "never_migrated_here")
+    assert no_schema.exit_code == 2
+    assert "akadze migrate" in no_schema.output
+
+    bad_duration = cli("dead", "list", "--older-than", "3 weeks")
+    assert bad_duration.exit_code == 2
+    assert "s, m, h or d" in bad_duration.output
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_metrics_command_serves_prometheus_text(pg_url: str, schema: str, store: Store) -> None:
+    store.message_insert(NewMessage(queue="q", body=b"x"))
+    port = free_port()
+    env = {**os.environ, "AKADZE_URL": pg_url, "AKADZE_SCHEMA": schema}
+    proc = subprocess.Popen(
+        [str(AKADZE), "metrics", "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+    def scrape() -> str:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                return str(resp.read().decode())
+        except (urllib.error.URLError, ConnectionError):
+            assert proc.poll() is None, "akadze metrics exited"
+            return ""
+
+    try:
+        body = eventually(scrape, timeout=30, what="akadze metrics answers")
+        assert 'akadze_queue_messages{queue="q",state="ready"} 1' in body
+        assert "akadze_consumers_alive 0" in body
+    finally:
+        proc.terminate()
+        proc.wait(10)
