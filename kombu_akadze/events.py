@@ -126,6 +126,7 @@ class HubDriver:
         has_free_slot: Callable[[], bool],
         flush_outcomes: Callable[[], None],
         poll_interval: float,
+        listen_poll_interval: float,
         waker: Waker,
     ) -> None:
         self.hub = hub
@@ -136,6 +137,7 @@ class HubDriver:
         self.has_free_slot = has_free_slot
         self.flush_outcomes = flush_outcomes
         self.poll_interval = poll_interval
+        self.listen_poll_interval = listen_poll_interval
         self._registered_fd: int | None = None
         self._timer: Any = None
         self._stopped = False
@@ -220,4 +222,6 @@ class HubDriver:
 
     def _schedule_poll(self) -> None:
         if not self._stopped:
-            self._timer = self.hub.call_later(jittered(self.poll_interval), self._on_poll)
+            armed = self._registered_fd is not None
+            interval = self.listen_poll_interval if armed else self.poll_interval
+            self._timer = self.hub.call_later(jittered(interval), self._on_poll)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from typing import TYPE_CHECKING, Any
 
 from amqp.protocol import queue_declare_ok_t
@@ -21,6 +22,8 @@ EXCHANGE_TYPES = ("direct", "topic", "fanout")
 
 # Exchanges whose unroutable messages are normal (events and replies nobody listens to).
 _QUIET_EXCHANGES = re.compile(r"^(celeryev|.*\.pidbox)$")
+# Celery's event exchange: events are lossy by design, so "no monitor bound" may be cached.
+_EVENT_EXCHANGES = re.compile(r"^celeryev$")
 
 
 def topic_pattern(binding_key: str) -> str:
@@ -143,7 +146,16 @@ class ExchangeMixin:
 
     def route(self, exchange: str, routing_key: str, message: Any) -> None:
         """Publish through an exchange; an unroutable message is dropped (as RabbitMQ does) and logged."""
-        queues = self.connection.store.message_route(message, exchange=exchange, routing_key=routing_key)
+        transport = self.connection
+        cacheable = bool(_EVENT_EXCHANGES.match(exchange)) and transport.options.event_route_cache > 0
+        if cacheable and transport.unbound_until.get(exchange, 0.0) > time.monotonic():
+            return  # no event monitor was bound a moment ago: drop the event without a round trip
+        queues = transport.store.message_route(message, exchange=exchange, routing_key=routing_key)
+        if cacheable:
+            if queues:
+                transport.unbound_until.pop(exchange, None)
+            else:
+                transport.unbound_until[exchange] = time.monotonic() + transport.options.event_route_cache
         if not queues and not _QUIET_EXCHANGES.match(exchange):
             logger.warning(
                 "kombu-akadze: message to exchange %r with routing key %r matched no bound queue and was "

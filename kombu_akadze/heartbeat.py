@@ -88,22 +88,38 @@ class Heartbeat:
             self.on_beat()
         return True
 
-    def rescue_once(self) -> rescue.RescueResult | None:
+    def maintain(self) -> bool:
+        """Heartbeat, rescue, queue expiry and message TTL in one statement (see consumer_maintain)."""
         try:
-            result = rescue.run_once(self.store, ttl=self.ttl, max_attempts=self.max_attempts)
-            rescue.expire_once(self.store, ttl=self.ttl)
+            counts = self.store.consumer_maintain(
+                consumer_id=self.consumer_id,
+                hostname=self.hostname,
+                pid=self.pid,
+                queues=self.queues(),
+                ttl=self.ttl,
+                max_attempts=self.max_attempts,
+            )
         except AkadzeError as exc:
-            logger.warning("kombu-akadze rescue pass failed, will retry: %s", exc)
-            return None
+            logger.warning("kombu-akadze heartbeat/rescue of %s failed, will retry: %s", self.consumer_id, exc)
+            return False
+        self.last_ok = time.monotonic()
+        rescue.report(counts, ttl=self.ttl)
         with self._changed:
+            self.beats += 1
             self.rescues += 1
             self._changed.notify_all()
-        return result
+        if self.on_beat is not None:
+            self.on_beat()
+        return True
 
     def wait_for(self, predicate: Callable[[Heartbeat], bool], timeout: float) -> bool:
         """Block until *predicate(self)* holds (tests wait on beats and rescues, never sleep)."""
         with self._changed:
             return self._changed.wait_for(lambda: predicate(self), timeout)
+
+    def failing_for(self) -> float:
+        """Seconds since the last successful heartbeat (0 while healthy beats land)."""
+        return 0.0 if self.last_ok == 0 else time.monotonic() - self.last_ok
 
     def _run(self) -> None:
         next_rescue = time.monotonic()
@@ -111,9 +127,12 @@ class Heartbeat:
         while True:
             now = time.monotonic()
             if now >= next_rescue:
-                self.rescue_once()
+                ok = self.maintain()
                 next_rescue = now + self.rescue_interval
+            else:
+                ok = self.beat()
+            failures = 0 if ok else failures + 1
+            # After a failure retry sooner (backoff from 0.25 s), never later than the interval.
             delay = self.interval if failures == 0 else min(self.interval, 0.25 * 2 ** min(failures, 5))
             if self._stop.wait(delay):
                 return
-            failures = 0 if self.beat() else failures + 1

@@ -52,6 +52,13 @@ class Options:
     poll_interval: float = 1.0
     #: Use LISTEN/NOTIFY wake-ups; off for PgBouncer transaction pooling.
     listen: bool = True
+    #: Seconds of the safety poll while LISTEN is armed (every write notifies; this only bounds
+    #: the delay of a row written without a NOTIFY, e.g. by hand).
+    listen_poll_interval: float = 10.0
+    #: Seconds a publisher remembers that Celery's event exchange has no bound queue (no monitor
+    #: running), so idle workers' heartbeat events cost no round trip; a monitor that starts
+    #: sees events from every worker within this long.
+    event_route_cache: float = 10.0
     #: Most messages one claim takes when the channel has no prefetch limit.
     claim_batch: int = 100
     #: Seconds to wait for a new database connection.
@@ -83,7 +90,14 @@ class Options:
             raise ConfigurationError(
                 f"transport option schema={self.schema!r} is not valid: use a name of 1 to 48 characters"
             )
-        for name in ("heartbeat_interval", "heartbeat_ttl", "rescue_interval", "poll_interval", "connect_timeout"):
+        for name in (
+            "heartbeat_interval",
+            "heartbeat_ttl",
+            "rescue_interval",
+            "poll_interval",
+            "listen_poll_interval",
+            "connect_timeout",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigurationError(f"transport option {name} must be a number of seconds > 0")
         if self.heartbeat_ttl < 2 * self.heartbeat_interval:
@@ -91,6 +105,8 @@ class Options:
                 f"heartbeat_ttl ({self.heartbeat_ttl} s) must be at least twice heartbeat_interval "
                 f"({self.heartbeat_interval} s), or one late heartbeat would look like a dead worker"
             )
+        if self.event_route_cache < 0:
+            raise ConfigurationError("transport option event_route_cache must be >= 0 seconds (0: no cache)")
         if self.max_attempts < 1:
             raise ConfigurationError("transport option max_attempts must be an integer >= 1")
         for queue, attempts in (self.queue_max_attempts or {}).items():

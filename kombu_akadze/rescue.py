@@ -50,3 +50,25 @@ def expire_once(store: Store, *, ttl: float, now: datetime | None = None) -> dic
             counts["buried"],
         )
     return counts
+
+
+def report(counts: dict[str, int], *, ttl: float) -> None:
+    """Log what one maintenance pass (consumer_maintain) changed, if anything."""
+    if counts["requeued"] or counts["dead"] or counts["consumers_gone"]:
+        logger.warning(
+            "kombu-akadze rescue: %d consumer(s) missed their heartbeat for %.0f s; "
+            "%d message(s) back to ready, %d to dead letters (max_attempts exceeded)",
+            counts["consumers_gone"],
+            ttl,
+            counts["requeued"],
+            counts["dead"],
+        )
+    if counts["queues"] or counts["expired"]:
+        logger.info(
+            "kombu-akadze expiry: %d unused queue(s) deleted (%d message(s) with them), "
+            "%d message(s) past their TTL (%d into dead letters)",
+            counts["queues"],
+            counts["dropped"],
+            counts["expired"],
+            counts["buried"],
+        )

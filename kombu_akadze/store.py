@@ -363,6 +363,34 @@ class Store:
             {"id": consumer_id, "hostname": hostname, "pid": pid, "queues": list(queues), "now": now},
         )
 
+    def consumer_maintain(
+        self,
+        *,
+        consumer_id: str,
+        hostname: str,
+        pid: int,
+        queues: Sequence[str],
+        ttl: float,
+        max_attempts: int,
+        now: datetime | None = None,
+    ) -> dict[str, int]:
+        """Heartbeat + rescue + queue expiry + message TTL in one statement; counts of what it did."""
+        rows = self._run(
+            "consumer_maintain",
+            {
+                "id": consumer_id,
+                "hostname": hostname,
+                "pid": pid,
+                "queues": list(queues),
+                "ttl": float(ttl),
+                "max_attempts": max_attempts,
+                "exhausted_reason": "max_attempts exceeded",
+                "now": now,
+                "channel": self.channel,
+            },
+        )
+        return {k: int(v) for k, v in rows[0].items()}
+
     def consumer_delete(self, *, consumer_id: str) -> None:
         self._run("consumer_delete", {"id": consumer_id}, fetch=False)
 

@@ -39,6 +39,9 @@ Transport Options
 * ``queue_max_attempts`` (dict, default ``{}``): per-queue ``max_attempts``.
 * ``poll_interval`` (float, default 1, seconds; alias ``polling_interval``): safety poll.
 * ``listen`` (bool, default ``True``): LISTEN/NOTIFY wake-ups (off for PgBouncer).
+* ``listen_poll_interval`` (float, default 10, seconds): safety poll while LISTEN is armed.
+* ``event_route_cache`` (float, default 10, seconds): how long "no monitor bound to the event
+  exchange" is remembered, so idle workers' heartbeat events cost no round trip.
 * ``claim_batch`` (int, default 100): most messages per claim without a prefetch limit.
 * ``connect_timeout`` (float, default 10, seconds): new-connection timeout.
 * ``max_message_size`` (int, default 0 = no limit, bytes): largest body accepted.
@@ -216,6 +219,8 @@ class Transport(virtual.Transport):
         self._rotation = 0
         self._driver: HubDriver | None = None
         self.waker = Waker()
+        #: exchange -> monotonic time until which it is known to have no bound queue (events only).
+        self.unbound_until: dict[str, float] = {}
 
     # -- connection ---------------------------------------------------------
 
@@ -267,6 +272,7 @@ class Transport(virtual.Transport):
             has_free_slot=self.deliverer.has_free_slot,
             flush_outcomes=self.flush_outcomes,
             poll_interval=self.options.poll_interval,
+            listen_poll_interval=self.options.listen_poll_interval,
             waker=self.waker,
         )
         self._driver.start()
@@ -381,7 +387,8 @@ class Transport(virtual.Transport):
             self.deliverer.claim_round()
             if self.deliverer.deliver_one():
                 return
-            wait = jittered(self.options.poll_interval)
+            armed = self._listener is not None and self._listener.fd is not None
+            wait = jittered(self.options.listen_poll_interval if armed else self.options.poll_interval)
             if deadline is not None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

@@ -231,6 +231,91 @@ WITH beat AS (
 )
 SELECT (SELECT heartbeat_at FROM beat) AS heartbeat_at, (SELECT count(*) FROM touched) AS queues;
 
+-- name: consumer_maintain
+-- The heartbeat and the maintenance pass in one round trip (an idle worker's
+-- main cost): mark this consumer alive and its queues in use; rescue the
+-- messages of consumers silent for %(ttl)s seconds (attempt spent; dead letters
+-- once max_attempts is used up) and forget those consumers; delete expired or
+-- abandoned queues; expire ready messages past their TTL. This consumer's own
+-- row and messages are never its own rescue's targets.
+WITH beat AS (
+    INSERT INTO {schema}.consumers (id, hostname, pid, started_at, heartbeat_at)
+    VALUES (%(id)s, %(hostname)s, %(pid)s,
+            COALESCE(%(now)s::timestamptz, now()), COALESCE(%(now)s::timestamptz, now()))
+    ON CONFLICT (id) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at
+    RETURNING heartbeat_at
+), touched AS (
+    UPDATE {schema}.queues
+    SET last_used_at = COALESCE(%(now)s::timestamptz, now()),
+        consumed_at = COALESCE(consumed_at, COALESCE(%(now)s::timestamptz, now()))
+    WHERE name = ANY(%(queues)s::text[])
+    RETURNING 1
+), dead_consumers AS (
+    DELETE FROM {schema}.consumers
+    WHERE heartbeat_at < COALESCE(%(now)s::timestamptz, now()) - make_interval(secs => %(ttl)s)
+      AND id <> %(id)s
+    RETURNING id
+), target AS (
+    SELECT m.id, m.attempts >= COALESCE(q.max_attempts, %(max_attempts)s) AS exhausted
+    FROM {schema}.messages AS m
+    LEFT JOIN {schema}.queues AS q ON q.name = m.queue
+    WHERE m.state = 'held'
+      AND (m.owner IN (SELECT id FROM dead_consumers)
+           OR (m.owner <> %(id)s
+               AND m.claimed_at < COALESCE(%(now)s::timestamptz, now()) - make_interval(secs => %(ttl)s)
+               AND NOT EXISTS (SELECT 1 FROM {schema}.consumers AS c WHERE c.id = m.owner)))
+    FOR UPDATE OF m SKIP LOCKED
+), exhausted AS (
+    DELETE FROM {schema}.messages AS m USING target
+    WHERE m.id = target.id AND target.exhausted
+    RETURNING m.*
+), buried AS (
+    INSERT INTO {schema}.dead_letters
+        (id, queue, priority, body, content_type, content_encoding, headers, properties,
+         run_count, attempts, reason, last_owner, created_at)
+    SELECT id, queue, priority, body, content_type, content_encoding, headers, properties,
+           run_count, attempts, %(exhausted_reason)s, owner, created_at
+    FROM exhausted
+    RETURNING 1
+), requeued AS (
+    UPDATE {schema}.messages AS m
+    SET state = 'ready', owner = NULL, claimed_at = NULL
+    FROM target
+    WHERE m.id = target.id AND NOT target.exhausted
+    RETURNING m.queue
+), woken AS (
+    SELECT pg_notify(%(channel)s, r.queue) FROM (SELECT DISTINCT queue FROM requeued) AS r
+), gone AS (
+    DELETE FROM {schema}.queues AS q
+    WHERE (q.expires IS NOT NULL AND q.last_used_at < COALESCE(%(now)s::timestamptz, now()) - q.expires)
+       OR ((q.auto_delete OR q.exclusive) AND q.consumed_at IS NOT NULL
+           AND q.last_used_at < COALESCE(%(now)s::timestamptz, now()) - make_interval(secs => %(ttl)s))
+    RETURNING q.name
+), dropped AS (
+    DELETE FROM {schema}.messages AS m USING gone WHERE m.queue = gone.name RETURNING 1
+), unbound AS (
+    DELETE FROM {schema}.bindings AS b USING gone WHERE b.queue = gone.name RETURNING 1
+), expired AS (
+    DELETE FROM {schema}.messages AS m
+    WHERE m.expires_at < COALESCE(%(now)s::timestamptz, now()) AND m.state = 'ready'
+    RETURNING m.*
+), expired_buried AS (
+    INSERT INTO {schema}.dead_letters
+        (id, queue, priority, body, content_type, content_encoding, headers, properties,
+         run_count, attempts, reason, last_owner, created_at)
+    SELECT e.id, e.queue, e.priority, e.body, e.content_type, e.content_encoding, e.headers, e.properties,
+           e.run_count, e.attempts, 'expired (message TTL)', e.owner, e.created_at
+    FROM expired AS e
+    JOIN {schema}.queues AS q ON q.name = e.queue
+    WHERE q.arguments ? 'x-dead-letter-exchange' OR q.arguments ? 'x-dead-letter-routing-key'
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM requeued) AS requeued, (SELECT count(*) FROM buried) AS dead,
+       (SELECT count(*) FROM dead_consumers) AS consumers_gone, (SELECT count(*) FROM woken) AS woken,
+       (SELECT count(*) FROM gone) AS queues, (SELECT count(*) FROM dropped) AS dropped,
+       (SELECT count(*) FROM unbound) AS bindings, (SELECT count(*) FROM expired) AS expired,
+       (SELECT count(*) FROM expired_buried) AS buried, (SELECT count(*) FROM touched) AS touched;
+
 -- name: consumer_delete
 -- Forget a consumer that stopped cleanly (after it released what it held).
 DELETE FROM {schema}.consumers WHERE id = %(id)s;
