@@ -34,3 +34,7 @@ class SchemaTooNewError(SchemaError):
 
 class MessageTooLargeError(AkadzeError, ValueError):
     """A message body is larger than the max_message_size transport option."""
+
+
+class QueueFullError(AkadzeError):
+    """The queue is at its x-max-length and its x-overflow is reject-publish."""

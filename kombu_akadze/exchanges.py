@@ -11,7 +11,7 @@ from amqp.protocol import queue_declare_ok_t
 from kombu.exceptions import ChannelError
 from kombu.transport.base import to_rabbitmq_queue_arguments
 
-from kombu_akadze.errors import ConfigurationError
+from kombu_akadze.errors import ConfigurationError, QueueFullError
 
 if TYPE_CHECKING:
     from kombu_akadze.transport import Transport
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("kombu_akadze")
 
 EXCHANGE_TYPES = ("direct", "topic", "fanout")
+OVERFLOW_MODES = ("drop-head", "reject-publish")
 
 # Exchanges whose unroutable messages are normal (events and replies nobody listens to).
 _QUIET_EXCHANGES = re.compile(r"^(celeryev|.*\.pidbox)$")
@@ -54,6 +55,22 @@ def milliseconds(arguments: dict[str, Any], key: str) -> float | None:
     if ms < 0:
         raise ConfigurationError(f"queue argument {key}={value!r} must be a number of milliseconds >= 0")
     return ms / 1000.0
+
+
+def max_length(arguments: dict[str, Any]) -> int | None:
+    value = arguments.get("x-max-length")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigurationError(f"queue argument x-max-length={value!r} must be an integer >= 0 (messages)")
+    return value
+
+
+def overflow(arguments: dict[str, Any]) -> str:
+    value = arguments.get("x-overflow", "drop-head")
+    if value not in OVERFLOW_MODES:
+        raise ConfigurationError(f"queue argument x-overflow={value!r} is not supported; use one of {OVERFLOW_MODES}")
+    return str(value)
 
 
 class ExchangeMixin:
@@ -141,6 +158,8 @@ class ExchangeMixin:
             exclusive=bool(kwargs.get("exclusive", False)),
             expires=milliseconds(arguments, "x-expires"),
             message_ttl=milliseconds(arguments, "x-message-ttl"),
+            max_length=max_length(arguments),
+            overflow=overflow(arguments),
         )
         return queue_declare_ok_t(queue, ready, 0)
 
@@ -150,7 +169,13 @@ class ExchangeMixin:
         cacheable = bool(_EVENT_EXCHANGES.match(exchange)) and transport.options.event_route_cache > 0
         if cacheable and transport.unbound_until.get(exchange, 0.0) > time.monotonic():
             return  # no event monitor was bound a moment ago: drop the event without a round trip
-        queues = transport.store.message_route(message, exchange=exchange, routing_key=routing_key)
+        queues, matched = transport.store.message_route(message, exchange=exchange, routing_key=routing_key)
+        if matched > len(queues):
+            raise QueueFullError(
+                f"message to exchange {exchange!r} (routing key {routing_key!r}) was refused by "
+                f"{matched - len(queues)} full queue(s) (x-max-length with x-overflow=reject-publish); "
+                "nothing was stored for them: retry later or raise the limit"
+            )
         if cacheable:
             if queues:
                 transport.unbound_until.pop(exchange, None)

@@ -63,6 +63,9 @@ class Options:
     claim_batch: int = 100
     #: Seconds to wait for a new database connection.
     connect_timeout: float = 10.0
+    #: Seconds: a Celery ETA further ahead than this is kept in the database (no lease, no worker
+    #: memory) until this long before it is due; 0 turns native delay off.
+    native_delay_threshold: float = 60.0
     #: Largest message body accepted at publish, in bytes (0: no limit).
     max_message_size: int = 0
 
@@ -105,6 +108,8 @@ class Options:
                 f"heartbeat_ttl ({self.heartbeat_ttl} s) must be at least twice heartbeat_interval "
                 f"({self.heartbeat_interval} s), or one late heartbeat would look like a dead worker"
             )
+        if self.native_delay_threshold < 0:
+            raise ConfigurationError("transport option native_delay_threshold must be >= 0 seconds (0: off)")
         if self.event_route_cache < 0:
             raise ConfigurationError("transport option event_route_cache must be >= 0 seconds (0: no cache)")
         if self.max_attempts < 1:

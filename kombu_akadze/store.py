@@ -105,6 +105,8 @@ class NewMessage:
     delay: float = 0.0
     #: Seconds until the message expires if still ready (RabbitMQ's per-message expiration).
     ttl: float | None = None
+    #: Not claimable before this time (a far Celery ETA, minus the native-delay lead).
+    not_before: datetime | None = None
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -222,16 +224,18 @@ class Store:
 
     # -- messages -----------------------------------------------------------
 
-    def message_insert(self, message: NewMessage, *, now: datetime | None = None) -> int:
+    def message_insert(self, message: NewMessage, *, now: datetime | None = None) -> int | None:
+        """The new row's id; None when the queue is full and rejects publishes (x-overflow)."""
         rows = self._run("message_insert", {**self._message_params(message), "queue": message.queue, "now": now})
-        return int(rows[0]["id"])
+        return int(rows[0]["id"]) if rows else None
 
     def message_route(
         self, message: NewMessage, *, exchange: str, routing_key: str, now: datetime | None = None
-    ) -> list[str]:
-        """Publish through *exchange*; the queues that got a copy (none: unroutable)."""
+    ) -> tuple[list[str], int]:
+        """Publish through *exchange*: (queues that got a copy, queues that matched)."""
         params = {**self._message_params(message), "exchange": exchange, "routing_key": routing_key, "now": now}
-        return [r["queue"] for r in self._run("message_route", params)]
+        rows = self._run("message_route", params)
+        return [r["queue"] for r in rows if r["id"] is not None], int(rows[0]["targets"]) if rows else 0
 
     def _message_params(self, message: NewMessage) -> dict[str, Any]:
         return {
@@ -243,6 +247,7 @@ class Store:
             "properties": Jsonb(message.properties or {}),
             "delay": float(message.delay),
             "ttl": message.ttl,
+            "not_before": message.not_before,
             "channel": self.channel,
         }
 
@@ -407,6 +412,8 @@ class Store:
         exclusive: bool = False,
         expires: float | None = None,
         message_ttl: float | None = None,
+        max_length: int | None = None,
+        overflow: str = "drop-head",
         now: datetime | None = None,
     ) -> int:
         """Declare (or redeclare) a queue; returns how many messages are ready in it."""
@@ -421,6 +428,8 @@ class Store:
                 "exclusive": exclusive,
                 "expires": expires,
                 "message_ttl": message_ttl,
+                "max_length": max_length,
+                "overflow": overflow,
                 "now": now,
             },
         )

@@ -44,6 +44,7 @@ Transport Options
   exchange" is remembered, so idle workers' heartbeat events cost no round trip.
 * ``claim_batch`` (int, default 100): most messages per claim without a prefetch limit.
 * ``connect_timeout`` (float, default 10, seconds): new-connection timeout.
+* ``native_delay_threshold`` (float, default 60, seconds): far ETAs wait in the database.
 * ``max_message_size`` (int, default 0 = no limit, bytes): largest body accepted.
 """
 
@@ -56,6 +57,7 @@ import socket
 import threading
 import time
 import uuid
+from datetime import datetime, timedelta, timezone
 from queue import Empty
 from typing import Any
 
@@ -66,7 +68,7 @@ from kombu.utils.objects import cached_property
 
 from kombu_akadze import embedded, migrate
 from kombu_akadze.delivery import Deliverer, payload_of
-from kombu_akadze.errors import AkadzeError, MessageTooLargeError, TransientDatabaseError
+from kombu_akadze.errors import AkadzeError, MessageTooLargeError, QueueFullError, TransientDatabaseError
 from kombu_akadze.events import HubDriver, Listener, Waker, jittered
 from kombu_akadze.exchanges import ExchangeMixin, milliseconds
 from kombu_akadze.heartbeat import Heartbeat
@@ -104,7 +106,11 @@ class Channel(ExchangeMixin, virtual.Channel):
             self._put(routing_key, message)
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
-        self.store.message_insert(self._new_message(queue, message))
+        if self.store.message_insert(self._new_message(queue, message)) is None:
+            raise QueueFullError(
+                f"queue {queue!r} is full (x-max-length with x-overflow=reject-publish); the message was "
+                "not stored: retry later or raise the limit"
+            )
 
     def _new_message(self, queue: str, message: dict[str, Any]) -> NewMessage:
         body = message.get("body") or b""
@@ -133,7 +139,23 @@ class Channel(ExchangeMixin, virtual.Channel):
             headers=dict(message.get("headers") or {}),
             properties=properties,
             ttl=milliseconds(properties, "expiration") if expiration is not None else None,
+            not_before=self._native_delay(message),
         )
+
+    def _native_delay(self, message: dict[str, Any]) -> datetime | None:
+        """A Celery ETA further ahead than native_delay_threshold: not claimable until that long before it,
+        so far-future tasks hold no lease and no worker memory (nearer ETAs keep Celery's behaviour)."""
+        threshold = self.connection.options.native_delay_threshold
+        eta = (message.get("headers") or {}).get("eta")
+        if not threshold or not eta:
+            return None
+        when = eta if isinstance(eta, datetime) else _parse_eta(eta)
+        if when is None:
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=timezone.utc)
+        lead = timedelta(seconds=threshold)
+        return when - lead if when - datetime.now(timezone.utc) > lead else None
 
     # -- consume ------------------------------------------------------------
 
@@ -184,6 +206,13 @@ class Channel(ExchangeMixin, virtual.Channel):
 
     def _restore_at_beginning(self, message: Any) -> None:
         self._restore(message)
+
+
+def _parse_eta(value: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(value))
+    except ValueError:
+        return None  # not an ETA we understand: deliver now and let Celery decide
 
 
 class Transport(virtual.Transport):

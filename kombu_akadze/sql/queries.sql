@@ -3,26 +3,41 @@
 -- the clock; NULL means the database's now().
 
 -- name: message_insert
--- One message into a queue (TTL from the message or the queue, whichever is
--- shorter), plus a wake-up (payload: queue name) for listeners.
-WITH ins AS (
+-- One message into a queue, plus a wake-up (payload: queue name) for listeners.
+-- Due later (delay, or a far ETA as not_before): state 'delayed', promoted when
+-- due. TTL from the message or the queue, whichever is shorter. A queue at its
+-- x-max-length with x-overflow=reject-publish takes nothing (no row returned).
+WITH v AS (
+    SELECT COALESCE(%(now)s::timestamptz, now()) AS now_,
+           GREATEST(COALESCE(%(now)s::timestamptz, now()) + make_interval(secs => %(delay)s),
+                    COALESCE(%(not_before)s::timestamptz, '-infinity')) AS avail
+), ins AS (
     INSERT INTO {schema}.messages
-        (queue, priority, body, content_type, content_encoding, headers, properties, available_at, expires_at)
+        (queue, priority, body, content_type, content_encoding, headers, properties,
+         state, available_at, expires_at)
     SELECT %(queue)s, %(priority)s, %(body)s, %(content_type)s, %(content_encoding)s,
            %(headers)s, %(properties)s,
-           COALESCE(%(now)s::timestamptz, now()) + make_interval(secs => %(delay)s),
-           COALESCE(%(now)s::timestamptz, now())
-               + make_interval(secs => LEAST(%(ttl)s::float8, extract(epoch FROM q.message_ttl)::float8))
-    FROM (SELECT 1) AS one
+           CASE WHEN v.avail > v.now_ THEN 'delayed' ELSE 'ready' END, v.avail,
+           v.now_ + make_interval(secs => LEAST(%(ttl)s::float8, extract(epoch FROM q.message_ttl)::float8))
+    FROM v
     LEFT JOIN {schema}.queues AS q ON q.name = %(queue)s
-    RETURNING id, queue
+    WHERE q.max_length IS NULL OR q.overflow <> 'reject-publish'
+       OR (SELECT count(*) FROM {schema}.messages AS c
+           WHERE c.queue = %(queue)s AND c.state IN ('ready', 'delayed')) < q.max_length
+    RETURNING id, queue, state
 )
-SELECT ins.id FROM ins CROSS JOIN LATERAL (SELECT pg_notify(%(channel)s, ins.queue)) AS n;
+SELECT ins.id FROM ins
+LEFT JOIN LATERAL (SELECT pg_notify(%(channel)s, ins.queue) WHERE ins.state = 'ready') AS n ON true;
 
 -- name: message_route
 -- Publish through an exchange in one round trip: a copy for every bound queue
--- that matches (direct: equal key, topic: pattern, fanout: all), each woken.
-WITH targets AS (
+-- that matches (direct: equal key, topic: pattern, fanout: all), each woken;
+-- delay, TTL and x-max-length as message_insert.
+WITH v AS (
+    SELECT COALESCE(%(now)s::timestamptz, now()) AS now_,
+           GREATEST(COALESCE(%(now)s::timestamptz, now()) + make_interval(secs => %(delay)s),
+                    COALESCE(%(not_before)s::timestamptz, '-infinity')) AS avail
+), targets AS (
     SELECT DISTINCT b.queue
     FROM {schema}.bindings AS b
     JOIN {schema}.exchanges AS e ON e.name = b.exchange
@@ -32,24 +47,33 @@ WITH targets AS (
            OR (e.type = 'topic' AND ('.' || %(routing_key)s) ~ b.pattern))
 ), ins AS (
     INSERT INTO {schema}.messages
-        (queue, priority, body, content_type, content_encoding, headers, properties, available_at, expires_at)
+        (queue, priority, body, content_type, content_encoding, headers, properties,
+         state, available_at, expires_at)
     SELECT t.queue, %(priority)s, %(body)s, %(content_type)s, %(content_encoding)s,
            %(headers)s, %(properties)s,
-           COALESCE(%(now)s::timestamptz, now()) + make_interval(secs => %(delay)s),
-           COALESCE(%(now)s::timestamptz, now())
-               + make_interval(secs => LEAST(%(ttl)s::float8, extract(epoch FROM q.message_ttl)::float8))
+           CASE WHEN v.avail > v.now_ THEN 'delayed' ELSE 'ready' END, v.avail,
+           v.now_ + make_interval(secs => LEAST(%(ttl)s::float8, extract(epoch FROM q.message_ttl)::float8))
     FROM targets AS t
+    CROSS JOIN v
     LEFT JOIN {schema}.queues AS q ON q.name = t.queue
-    RETURNING id, queue
+    WHERE q.max_length IS NULL OR q.overflow <> 'reject-publish'
+       OR (SELECT count(*) FROM {schema}.messages AS c
+           WHERE c.queue = t.queue AND c.state IN ('ready', 'delayed')) < q.max_length
+    RETURNING id, queue, state
 )
-SELECT ins.id, ins.queue FROM ins CROSS JOIN LATERAL (SELECT pg_notify(%(channel)s, ins.queue)) AS n;
+SELECT ins.id, ins.queue, (SELECT count(*) FROM targets) AS targets FROM ins
+LEFT JOIN LATERAL (SELECT pg_notify(%(channel)s, ins.queue) WHERE ins.state = 'ready') AS n ON true
+UNION ALL
+SELECT NULL, NULL, (SELECT count(*) FROM targets) WHERE NOT EXISTS (SELECT 1 FROM ins);
 
 -- name: message_insert_many
 -- Many messages in one statement (arrays of equal length), one wake-up per queue.
 WITH ins AS (
     INSERT INTO {schema}.messages
-        (queue, priority, body, content_type, content_encoding, headers, properties, available_at, expires_at)
+        (queue, priority, body, content_type, content_encoding, headers, properties,
+         state, available_at, expires_at)
     SELECT t.queue, t.priority, t.body, t.content_type, t.content_encoding, t.headers, t.properties,
+           CASE WHEN t.delay > 0 THEN 'delayed' ELSE 'ready' END,
            COALESCE(%(now)s::timestamptz, now()) + make_interval(secs => t.delay),
            COALESCE(%(now)s::timestamptz, now())
                + make_interval(secs => LEAST(t.ttl, extract(epoch FROM q.message_ttl)::float8))
@@ -283,8 +307,25 @@ WITH beat AS (
     FROM target
     WHERE m.id = target.id AND NOT target.exhausted
     RETURNING m.queue
+), promoted AS (
+    UPDATE {schema}.messages AS m SET state = 'ready'
+    WHERE m.state = 'delayed' AND m.available_at <= COALESCE(%(now)s::timestamptz, now())
+    RETURNING m.queue
 ), woken AS (
-    SELECT pg_notify(%(channel)s, r.queue) FROM (SELECT DISTINCT queue FROM requeued) AS r
+    SELECT pg_notify(%(channel)s, r.queue)
+    FROM (SELECT queue FROM requeued UNION SELECT queue FROM promoted) AS r
+), capped AS (
+    -- x-max-length with drop-head: the oldest ready messages beyond the cap are dropped.
+    DELETE FROM {schema}.messages AS m
+    USING (
+        SELECT c.id FROM (
+            SELECT x.id, row_number() OVER (PARTITION BY x.queue ORDER BY x.id DESC) AS nth, q.max_length
+            FROM {schema}.messages AS x JOIN {schema}.queues AS q ON q.name = x.queue
+            WHERE q.max_length IS NOT NULL AND q.overflow = 'drop-head' AND x.state IN ('ready', 'delayed')
+        ) AS c WHERE c.nth > c.max_length
+    ) AS over
+    WHERE m.id = over.id
+    RETURNING 1
 ), gone AS (
     DELETE FROM {schema}.queues AS q
     WHERE (q.expires IS NOT NULL AND q.last_used_at < COALESCE(%(now)s::timestamptz, now()) - q.expires)
@@ -314,7 +355,8 @@ SELECT (SELECT count(*) FROM requeued) AS requeued, (SELECT count(*) FROM buried
        (SELECT count(*) FROM dead_consumers) AS consumers_gone, (SELECT count(*) FROM woken) AS woken,
        (SELECT count(*) FROM gone) AS queues, (SELECT count(*) FROM dropped) AS dropped,
        (SELECT count(*) FROM unbound) AS bindings, (SELECT count(*) FROM expired) AS expired,
-       (SELECT count(*) FROM expired_buried) AS buried, (SELECT count(*) FROM touched) AS touched;
+       (SELECT count(*) FROM expired_buried) AS buried, (SELECT count(*) FROM touched) AS touched,
+       (SELECT count(*) FROM promoted) AS promoted, (SELECT count(*) FROM capped) AS capped;
 
 -- name: consumer_delete
 -- Forget a consumer that stopped cleanly (after it released what it held).
@@ -325,10 +367,11 @@ DELETE FROM {schema}.consumers WHERE id = %(id)s;
 -- given max_attempts overrides the stored one); returns its ready count.
 WITH up AS (
     INSERT INTO {schema}.queues AS q
-        (name, max_attempts, arguments, durable, auto_delete, exclusive, expires, message_ttl, last_used_at)
+        (name, max_attempts, arguments, durable, auto_delete, exclusive, expires, message_ttl,
+         max_length, overflow, last_used_at)
     VALUES (%(name)s, %(max_attempts)s, %(arguments)s, %(durable)s, %(auto_delete)s, %(exclusive)s,
             make_interval(secs => %(expires)s::float8), make_interval(secs => %(message_ttl)s::float8),
-            COALESCE(%(now)s::timestamptz, now()))
+            %(max_length)s, %(overflow)s, COALESCE(%(now)s::timestamptz, now()))
     ON CONFLICT (name) DO UPDATE
     SET max_attempts = COALESCE(EXCLUDED.max_attempts, q.max_attempts),
         arguments = EXCLUDED.arguments,
@@ -337,6 +380,8 @@ WITH up AS (
         exclusive = EXCLUDED.exclusive,
         expires = EXCLUDED.expires,
         message_ttl = EXCLUDED.message_ttl,
+        max_length = EXCLUDED.max_length,
+        overflow = EXCLUDED.overflow,
         last_used_at = EXCLUDED.last_used_at
     RETURNING name
 )
@@ -364,7 +409,7 @@ WHERE queue = %(name)s AND state = 'ready'
 -- name: queue_purge
 -- Delete a queue's ready messages (held ones stay with their consumers), as RabbitMQ does.
 WITH gone AS (
-    DELETE FROM {schema}.messages WHERE queue = %(name)s AND state = 'ready' RETURNING 1
+    DELETE FROM {schema}.messages WHERE queue = %(name)s AND state IN ('ready', 'delayed') RETURNING 1
 )
 SELECT count(*) AS purged FROM gone;
 
@@ -487,11 +532,11 @@ WITH clock AS (
     SELECT COALESCE(%(now)s::timestamptz, now()) AS now
 ), msg AS (
     SELECT m.queue,
-           count(*) FILTER (WHERE m.state = 'ready' AND m.available_at <= clock.now
+           count(*) FILTER (WHERE m.state IN ('ready', 'delayed') AND m.available_at <= clock.now
                               AND (m.expires_at IS NULL OR m.expires_at > clock.now)) AS ready,
            count(*) FILTER (WHERE m.state = 'held') AS held,
-           count(*) FILTER (WHERE m.state = 'ready' AND m.available_at > clock.now) AS delayed,
-           min(m.available_at) FILTER (WHERE m.state = 'ready' AND m.available_at <= clock.now
+           count(*) FILTER (WHERE m.state IN ('ready', 'delayed') AND m.available_at > clock.now) AS delayed,
+           min(m.available_at) FILTER (WHERE m.state IN ('ready', 'delayed') AND m.available_at <= clock.now
                                          AND (m.expires_at IS NULL OR m.expires_at > clock.now)) AS oldest_ready_at
     FROM {schema}.messages AS m CROSS JOIN clock
     GROUP BY m.queue

@@ -72,12 +72,17 @@ def test_claim_bumps_run_count_and_attempts_and_holds_the_row(store: Store) -> N
     assert claim(store) == []
 
 
-def test_messages_not_yet_available_are_not_claimed(store: Store) -> None:
+def test_messages_not_yet_available_are_not_claimed_until_promoted(store: Store) -> None:
     store.message_insert(NewMessage(queue="q", body=b"later", delay=3600))
     register(store)
     assert claim(store) == []
     assert store.queue_size(name="q") == 0
     later = datetime.now(UTC) + timedelta(hours=2)
+    assert claim(store, now=later) == []  # delayed rows wait outside the claim index...
+    counts = store.consumer_maintain(
+        consumer_id=OWNER, hostname="h", pid=1, queues=[], ttl=30, max_attempts=20, now=later
+    )
+    assert counts["promoted"] == 1  # ...until the maintenance pass promotes them when due
     assert len(claim(store, now=later)) == 1
 
 

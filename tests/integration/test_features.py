@@ -1,0 +1,95 @@
+"""Message features at the kombu level: native delay of far ETAs, x-max-length overflow modes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from kombu import Queue
+
+from kombu_akadze.errors import QueueFullError
+from kombu_akadze.store import Store
+
+
+def maintain(store: Store, now: datetime) -> dict[str, int]:
+    return store.consumer_maintain(consumer_id="m", hostname="h", pid=1, queues=[], ttl=30, max_attempts=20, now=now)
+
+
+def states(store: Store) -> dict[tuple[str, str], int]:
+    return store.message_counts()
+
+
+def test_a_far_eta_waits_in_the_database_until_shortly_before_it_is_due(make_connection: Any, store: Store) -> None:
+    conn = make_connection(native_delay_threshold=60)
+    Queue("later")(conn.default_channel).declare()
+    eta = datetime.now(UTC) + timedelta(days=1)
+    conn.Producer().publish({"task": "t"}, routing_key="later", headers={"eta": eta.isoformat()})
+    conn.Producer().publish({"task": "soon"}, routing_key="later", headers={"eta": datetime.now(UTC).isoformat()})
+    assert states(store) == {("later", "delayed"): 1, ("later", "ready"): 1}
+    assert maintain(store, eta - timedelta(seconds=61))["promoted"] == 0
+    assert maintain(store, eta - timedelta(seconds=59))["promoted"] == 1
+    assert states(store) == {("later", "ready"): 2}
+
+
+def test_native_delay_off_hands_far_etas_to_the_worker_at_once(make_connection: Any, store: Store) -> None:
+    conn = make_connection(native_delay_threshold=0)
+    Queue("later")(conn.default_channel).declare()
+    eta = datetime.now(UTC) + timedelta(days=1)
+    conn.Producer().publish({"task": "t"}, routing_key="later", headers={"eta": eta.isoformat()})
+    assert states(store) == {("later", "ready"): 1}
+
+
+def test_an_unparseable_eta_is_delivered_now_not_lost(make_connection: Any, store: Store) -> None:
+    conn = make_connection()
+    Queue("later")(conn.default_channel).declare()
+    conn.Producer().publish({"task": "t"}, routing_key="later", headers={"eta": "tomorrow-ish"})
+    assert states(store) == {("later", "ready"): 1}
+
+
+def test_reject_publish_refuses_the_message_beyond_max_length(make_connection: Any, store: Store) -> None:
+    conn = make_connection()
+    q = Queue("capped", max_length=2, queue_arguments={"x-overflow": "reject-publish"})
+    q(conn.default_channel).declare()
+    producer = conn.Producer()
+    producer.publish({"n": 1}, routing_key="capped")
+    producer.publish({"n": 2}, routing_key="capped")
+    with pytest.raises(QueueFullError, match="reject-publish"):
+        producer.publish({"n": 3}, routing_key="capped")
+    assert states(store) == {("capped", "ready"): 2}
+
+
+def test_reject_publish_through_an_exchange_raises_too(make_connection: Any, store: Store) -> None:
+    conn = make_connection()
+    q = Queue(
+        "capped-ex", exchange="ex", routing_key="k", max_length=1, queue_arguments={"x-overflow": "reject-publish"}
+    )
+    q(conn.default_channel).declare()
+    conn.Producer().publish({"n": 1}, exchange="ex", routing_key="k")
+    with pytest.raises(QueueFullError):
+        conn.Producer().publish({"n": 2}, exchange="ex", routing_key="k")
+    assert states(store) == {("capped-ex", "ready"): 1}
+
+
+def test_drop_head_trims_the_oldest_beyond_max_length(make_connection: Any, store: Store) -> None:
+    conn = make_connection()
+    Queue("ring", max_length=3)(conn.default_channel).declare()
+    for i in range(10):
+        conn.Producer().publish({"n": i}, routing_key="ring")
+    assert maintain(store, datetime.now(UTC))["capped"] == 7
+    simple = conn.SimpleQueue("ring")
+    got = []
+    for _ in range(3):
+        msg = simple.get(timeout=10)
+        got.append(msg.payload["n"])
+        msg.ack()
+    assert got == [7, 8, 9]
+    simple.close()
+
+
+def test_bad_max_length_arguments_say_what_is_valid(make_connection: Any) -> None:
+    conn = make_connection()
+    with pytest.raises(ValueError, match="x-overflow"):
+        Queue("bad", queue_arguments={"x-overflow": "reject-publish-dlx"})(conn.default_channel).declare()
+    with pytest.raises(ValueError, match="x-max-length"):
+        Queue("bad", queue_arguments={"x-max-length": -1})(conn.default_channel).declare()
