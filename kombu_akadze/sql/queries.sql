@@ -311,9 +311,48 @@ WITH beat AS (
     UPDATE {schema}.messages AS m SET state = 'ready'
     WHERE m.state = 'delayed' AND m.available_at <= COALESCE(%(now)s::timestamptz, now())
     RETURNING m.queue
+), dl_candidates AS (
+    -- Dead letters of queues that name a dead-letter exchange (RabbitMQ's DLX) are re-published
+    -- there; with no matching binding they stay in dead letters (never dropped).
+    SELECT d.id, q.arguments->>'x-dead-letter-exchange' AS dlx,
+           COALESCE(q.arguments->>'x-dead-letter-routing-key',
+                    d.properties->'delivery_info'->>'routing_key', d.queue) AS dlrk
+    FROM {schema}.dead_letters AS d
+    JOIN {schema}.queues AS q ON q.name = d.queue
+    WHERE q.arguments ? 'x-dead-letter-exchange'
+    FOR UPDATE OF d SKIP LOCKED
+), dl_targets AS (
+    SELECT c.id, b.queue AS target
+    FROM dl_candidates AS c
+    JOIN {schema}.bindings AS b ON b.exchange = c.dlx
+    JOIN {schema}.exchanges AS e ON e.name = b.exchange
+    WHERE e.type = 'fanout'
+       OR (e.type = 'direct' AND b.routing_key = c.dlrk)
+       OR (e.type = 'topic' AND ('.' || c.dlrk) ~ b.pattern)
+    UNION
+    SELECT c.id, c.dlrk FROM dl_candidates AS c
+    WHERE c.dlx = '' AND EXISTS (SELECT 1 FROM {schema}.queues AS q2 WHERE q2.name = c.dlrk)
+), dl_moved AS (
+    DELETE FROM {schema}.dead_letters AS d
+    USING (SELECT DISTINCT id FROM dl_targets) AS t
+    WHERE d.id = t.id
+    RETURNING d.*
+), dl_routed AS (
+    INSERT INTO {schema}.messages
+        (queue, priority, body, content_type, content_encoding, headers, properties, state, available_at)
+    SELECT t.target, m.priority, m.body, m.content_type, m.content_encoding,
+           m.headers || jsonb_build_object('x-death',
+               COALESCE(m.headers->'x-death', '[]'::jsonb)
+               || jsonb_build_array(jsonb_build_object(
+                      'queue', m.queue, 'reason', m.reason, 'count', m.attempts,
+                      'time', COALESCE(%(now)s::timestamptz, now())))),
+           m.properties, 'ready', COALESCE(%(now)s::timestamptz, now())
+    FROM dl_moved AS m
+    JOIN dl_targets AS t ON t.id = m.id
+    RETURNING queue
 ), woken AS (
     SELECT pg_notify(%(channel)s, r.queue)
-    FROM (SELECT queue FROM requeued UNION SELECT queue FROM promoted) AS r
+    FROM (SELECT queue FROM requeued UNION SELECT queue FROM promoted UNION SELECT queue FROM dl_routed) AS r
 ), capped AS (
     -- x-max-length with drop-head: the oldest ready messages beyond the cap are dropped.
     DELETE FROM {schema}.messages AS m
@@ -356,7 +395,8 @@ SELECT (SELECT count(*) FROM requeued) AS requeued, (SELECT count(*) FROM buried
        (SELECT count(*) FROM gone) AS queues, (SELECT count(*) FROM dropped) AS dropped,
        (SELECT count(*) FROM unbound) AS bindings, (SELECT count(*) FROM expired) AS expired,
        (SELECT count(*) FROM expired_buried) AS buried, (SELECT count(*) FROM touched) AS touched,
-       (SELECT count(*) FROM promoted) AS promoted, (SELECT count(*) FROM capped) AS capped;
+       (SELECT count(*) FROM promoted) AS promoted, (SELECT count(*) FROM capped) AS capped,
+       (SELECT count(*) FROM dl_routed) AS dead_lettered;
 
 -- name: consumer_delete
 -- Forget a consumer that stopped cleanly (after it released what it held).

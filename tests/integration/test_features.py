@@ -10,6 +10,7 @@ from kombu import Queue
 
 from kombu_akadze.errors import QueueFullError
 from kombu_akadze.store import Store
+from kombu_akadze.testing import eventually
 
 
 def maintain(store: Store, now: datetime) -> dict[str, int]:
@@ -93,3 +94,60 @@ def test_bad_max_length_arguments_say_what_is_valid(make_connection: Any) -> Non
         Queue("bad", queue_arguments={"x-overflow": "reject-publish-dlx"})(conn.default_channel).declare()
     with pytest.raises(ValueError, match="x-max-length"):
         Queue("bad", queue_arguments={"x-max-length": -1})(conn.default_channel).declare()
+
+
+def test_rejected_messages_follow_the_dead_letter_exchange(make_connection: Any, store: Store) -> None:
+    conn = make_connection()
+    dead = Queue("orders.dead", exchange="dlx", routing_key="orders.dead")
+    dead(conn.default_channel).declare()
+    orders = Queue(
+        "orders",
+        queue_arguments={"x-dead-letter-exchange": "dlx", "x-dead-letter-routing-key": "orders.dead"},
+    )
+    orders(conn.default_channel).declare()
+    conn.Producer().publish({"order": 1}, routing_key="orders")
+    simple = conn.SimpleQueue(orders)
+    simple.get(timeout=10).reject(requeue=False)
+    # The consumer's own maintenance pass (every rescue_interval) re-publishes it to the DLX.
+    eventually(lambda: states(store) == {("orders.dead", "ready"): 1}, timeout=30, what="routed to orders.dead")
+    assert store.deadletter_list(queue="orders") == []
+    dead_simple = conn.SimpleQueue(dead)
+    msg = dead_simple.get(timeout=10)
+    assert msg.payload == {"order": 1}
+    (death,) = msg.headers["x-death"]
+    assert (death["queue"], death["count"]) == ("orders", 1)
+    assert "requeue=False" in death["reason"]
+    msg.ack()
+    simple.close()
+    dead_simple.close()
+
+
+def test_a_dead_letter_exchange_without_a_binding_keeps_the_message_in_dead_letters(
+    make_connection: Any, store: Store
+) -> None:
+    conn = make_connection()
+    conn.default_channel.exchange_declare("nowhere", "direct")
+    q = Queue("lonely", queue_arguments={"x-dead-letter-exchange": "nowhere"})
+    q(conn.default_channel).declare()
+    conn.Producer().publish({"n": 1}, routing_key="lonely")
+    simple = conn.SimpleQueue(q)
+    simple.get(timeout=10).reject(requeue=False)
+    hb = conn.transport.heartbeat
+    passes = hb.rescues
+    assert hb.wait_for(lambda h: h.rescues >= passes + 3, timeout=30)  # several maintenance passes ran
+    assert len(store.deadletter_list(queue="lonely")) == 1
+    assert states(store) == {}
+    simple.close()
+
+
+def test_over_attempted_messages_follow_the_dead_letter_exchange_too(make_connection: Any, store: Store) -> None:
+    conn = make_connection(max_attempts=1)
+    Queue("retry.dead")(conn.default_channel).declare()
+    q = Queue("retry", queue_arguments={"x-dead-letter-exchange": "", "x-dead-letter-routing-key": "retry.dead"})
+    q(conn.default_channel).declare()
+    conn.Producer().publish({"n": 1}, routing_key="retry")
+    simple = conn.SimpleQueue(q)
+    simple.get(timeout=10).reject(requeue=True)  # the only attempt is spent: dead letters, then the DLX
+    eventually(lambda: states(store) == {("retry.dead", "ready"): 1}, timeout=30, what="routed to retry.dead")
+    assert store.deadletter_list(queue="retry") == []
+    simple.close()
