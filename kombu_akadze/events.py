@@ -128,6 +128,7 @@ class HubDriver:
         poll_interval: float,
         listen_poll_interval: float,
         waker: Waker,
+        check: Callable[[], None] = lambda: None,
     ) -> None:
         self.hub = hub
         self.waker = waker
@@ -138,6 +139,7 @@ class HubDriver:
         self.flush_outcomes = flush_outcomes
         self.poll_interval = poll_interval
         self.listen_poll_interval = listen_poll_interval
+        self.check = check
         self._registered_fd: int | None = None
         self._timer: Any = None
         self._stopped = False
@@ -215,6 +217,7 @@ class HubDriver:
         if self._stopped:
             return
         try:
+            self.check()  # raises a connection error once our leases are lost: Celery reconnects
             self._arm()
             self.wake(ready=True)
         finally:

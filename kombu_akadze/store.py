@@ -579,6 +579,52 @@ class Store:
     def deadletter_purge(self, *, where: DeadLetterFilter, now: datetime | None = None) -> int:
         return int(self._run("deadletter_purge", {**where.params(), "now": now})[0]["purged"])
 
+    # -- transactional enqueue --
+
+    def message_insert_on(
+        self, conn: psycopg.Connection[Any], message: NewMessage, *, now: datetime | None = None
+    ) -> int | None:
+        """message_insert on the caller's connection, inside their transaction and never committed here: the
+        row and its wake-up (NOTIFY is delivered at commit) exist only if they commit. None: the queue is full."""
+        params = {**self._message_params(message), "queue": message.queue, "now": now}
+        rows = self._run_on(conn, "message_insert", params)
+        return int(rows[0]["id"]) if rows else None
+
+    def message_route_on(
+        self,
+        conn: psycopg.Connection[Any],
+        message: NewMessage,
+        *,
+        exchange: str,
+        routing_key: str,
+        now: datetime | None = None,
+    ) -> tuple[list[str], int]:
+        """message_route on the caller's connection, as message_insert_on: (queues that got a copy, matched)."""
+        params = {**self._message_params(message), "exchange": exchange, "routing_key": routing_key, "now": now}
+        rows = self._run_on(conn, "message_route", params)
+        return [r["queue"] for r in rows if r["id"] is not None], int(rows[0]["targets"]) if rows else 0
+
+    def _run_on(self, conn: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """A named query on a connection this store does not own: no lock, no reconnect, no commit.
+
+        JSON goes through kombu's codec as on our own sessions, without touching the adapters of the
+        caller's connection (they are per connection; the wrapper's dumps wins over them).
+        """
+        if not isinstance(conn, psycopg.Connection):
+            raise TypeError(
+                f"{name}: needs a psycopg 3 connection (psycopg.Connection), not {type(conn).__module__}."
+                f"{type(conn).__qualname__}; with Django use the postgresql backend on psycopg 3 (Django 4.2+), "
+                "with SQLAlchemy a postgresql+psycopg:// URL"
+            )
+        query = sqlfiles.render("queries.sql", name, schema=self.schema)
+        params = {k: Jsonb(v.obj, dumps=kombu_json.dumps) if isinstance(v, Jsonb) else v for k, v in params.items()}
+        try:
+            with conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(query, params)
+                return cur.fetchall() if cur.description else []
+        except psycopg.Error as exc:
+            raise translate(exc, name, self.schema) from exc
+
 
 def notify_channel(schema: str) -> str:
     """The NOTIFY channel of one schema (an identifier of at most 63 bytes)."""

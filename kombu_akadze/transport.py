@@ -303,6 +303,7 @@ class Transport(virtual.Transport):
             poll_interval=self.options.poll_interval,
             listen_poll_interval=self.options.listen_poll_interval,
             waker=self.waker,
+            check=self.check_lease,
         )
         self._driver.start()
 
@@ -397,6 +398,17 @@ class Transport(virtual.Transport):
             except AkadzeError as exc:
                 logger.warning("kombu-akadze: could not remove consumer %s at close: %s", self.consumer_id, exc)
 
+    def check_lease(self) -> None:
+        """Raise a connection error when the heartbeat has failed for longer than heartbeat_ttl: our
+        held messages are (or will be) rescued by others, so Celery should drop this connection and
+        reconnect; late outcomes of those messages are fenced."""
+        heartbeat = self._heartbeat
+        if heartbeat is not None and heartbeat.failing_for() > self.options.heartbeat_ttl:
+            raise TransientDatabaseError(
+                f"kombu-akadze: no heartbeat for {heartbeat.failing_for():.0f} s (heartbeat_ttl "
+                f"{self.options.heartbeat_ttl:.0f} s); giving up held messages and reconnecting"
+            )
+
     def claim(self, queues: list[str], limits: list[int]) -> list[ClaimedMessage]:
         self._ensure_consumer()
         heartbeat = self._heartbeat
@@ -410,6 +422,7 @@ class Transport(virtual.Transport):
         """Deliver one message; else wait on LISTEN, an ack (waker) or the safety poll, up to *timeout*."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
+            self.check_lease()
             self.flush_outcomes()
             if self.deliverer.deliver_one():
                 return

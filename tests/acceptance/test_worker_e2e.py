@@ -75,7 +75,7 @@ def test_kill_9_of_the_worker_group_mid_task_redelivers_to_another_worker(cluste
 def test_warm_shutdown_releases_held_unstarted_messages_in_place(cluster: Cluster) -> None:
     app = cluster.producer()
     for n in (1, 2, 3):  # held by the worker until their ETA, never started: Celery's prefetched messages
-        app.send_task(tasks.RECORD, args=[n], countdown=3600)
+        app.send_task(tasks.RECORD, args=[n], countdown=45)  # under native_delay_threshold (60 s)
     app.send_task(tasks.SLOW, args=[4, 4])
     a = cluster.start_worker("a", concurrency=1)
     eventually(lambda: cluster.started(4), timeout=60, what="worker a starts slow(4)")
