@@ -272,6 +272,32 @@ class Store:
         )
         return len(messages)
 
+    def message_route_many(
+        self, batch: Sequence[tuple[str, str, NewMessage]], *, now: datetime | None = None
+    ) -> tuple[int, int]:
+        """Publish (exchange, routing_key, message) triples in one statement: (rows inserted, routed)."""
+        if not batch:
+            return 0, 0
+        messages = [m for _, _, m in batch]
+        rows = self._run(
+            "message_route_many",
+            {
+                "exchanges": [e for e, _, _ in batch],
+                "routing_keys": [k for _, k, _ in batch],
+                "priorities": [m.priority for m in messages],
+                "bodies": [m.body for m in messages],
+                "content_types": [m.content_type for m in messages],
+                "content_encodings": [m.content_encoding for m in messages],
+                "headers": [Jsonb(m.headers or {}) for m in messages],
+                "properties": [Jsonb(m.properties or {}) for m in messages],
+                "ttls": [m.ttl for m in messages],
+                "not_befores": [m.not_before for m in messages],
+                "now": now,
+                "channel": self.channel,
+            },
+        )
+        return int(rows[0]["inserted"]), int(rows[0]["routed"])
+
     def message_claim(
         self, *, queues: Sequence[str], limits: Sequence[int], owner: str, now: datetime | None = None
     ) -> list[ClaimedMessage]:

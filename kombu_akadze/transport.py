@@ -98,8 +98,14 @@ class Channel(ExchangeMixin, virtual.Channel):
 
     # -- publish ------------------------------------------------------------
 
+    #: Publishes buffered by kombu_akadze.batch.publishing(), written as one statement at its end.
+    _batch: list[tuple[str, str, NewMessage]] | None = None
+
     def basic_publish(self, message: dict[str, Any], exchange: str, routing_key: str, **kwargs: Any) -> None:
         self._inplace_augment_message(message, exchange, routing_key)
+        if self._batch is not None:
+            self._batch.append((exchange or "", routing_key, self._new_message(routing_key, message)))
+            return
         if exchange:
             self.route(exchange, routing_key, self._new_message(routing_key, message))
         else:  # the default exchange: the routing key names the queue

@@ -88,6 +88,50 @@ WITH ins AS (
 )
 SELECT count(*) AS notified FROM queues CROSS JOIN LATERAL (SELECT pg_notify(%(channel)s, queues.queue)) AS n;
 
+-- name: message_route_many
+-- A batch of publishes in one statement (arrays of equal length, in publish
+-- order): each routed through its exchange's bindings ('' = the default
+-- exchange: the routing key names the queue), delay and TTL as message_insert;
+-- one wake-up per queue that got a ready message.
+WITH t AS (
+    SELECT *
+    FROM unnest(%(exchanges)s::text[], %(routing_keys)s::text[], %(priorities)s::smallint[],
+                %(bodies)s::bytea[], %(content_types)s::text[], %(content_encodings)s::text[],
+                %(headers)s::jsonb[], %(properties)s::jsonb[], %(ttls)s::float8[],
+                %(not_befores)s::timestamptz[])
+         WITH ORDINALITY AS t(exchange, routing_key, priority, body, content_type, content_encoding,
+                              headers, properties, ttl, not_before, ord)
+), targets AS (
+    SELECT t.ord, b.queue
+    FROM t
+    JOIN {schema}.bindings AS b ON b.exchange = t.exchange
+    JOIN {schema}.exchanges AS e ON e.name = b.exchange
+    WHERE e.type = 'fanout'
+       OR (e.type = 'direct' AND b.routing_key = t.routing_key)
+       OR (e.type = 'topic' AND ('.' || t.routing_key) ~ b.pattern)
+    UNION
+    SELECT t.ord, t.routing_key FROM t WHERE t.exchange = ''
+), ins AS (
+    INSERT INTO {schema}.messages
+        (queue, priority, body, content_type, content_encoding, headers, properties,
+         state, available_at, expires_at)
+    SELECT x.queue, t.priority, t.body, t.content_type, t.content_encoding, t.headers, t.properties,
+           CASE WHEN COALESCE(t.not_before, '-infinity') > COALESCE(%(now)s::timestamptz, now())
+                THEN 'delayed' ELSE 'ready' END,
+           GREATEST(COALESCE(%(now)s::timestamptz, now()), COALESCE(t.not_before, '-infinity')),
+           COALESCE(%(now)s::timestamptz, now())
+               + make_interval(secs => LEAST(t.ttl, extract(epoch FROM q.message_ttl)::float8))
+    FROM targets AS x
+    JOIN t ON t.ord = x.ord
+    LEFT JOIN {schema}.queues AS q ON q.name = x.queue
+    ORDER BY t.ord
+    RETURNING id, queue, state
+), woken AS (
+    SELECT pg_notify(%(channel)s, w.queue) FROM (SELECT DISTINCT queue FROM ins WHERE state = 'ready') AS w
+)
+SELECT (SELECT count(*) FROM ins) AS inserted, (SELECT count(DISTINCT ord) FROM targets) AS routed,
+       (SELECT count(*) FROM woken) AS woken;
+
 -- name: message_claim
 -- Hold up to limits[i] ready messages of queues[i] for one consumer: priority
 -- first, then publish order; SKIP LOCKED so concurrent claimers never wait on
