@@ -151,14 +151,15 @@ WITH picked AS (
         FOR UPDATE SKIP LOCKED
     ) AS c
 )
+-- = ANY(ARRAY(...)): the planner cannot size LIMIT q.lim and would hash-join the whole table;
+-- an id array makes the update a primary-key lookup whatever the statistics say.
 UPDATE {schema}.messages AS m
 SET state = 'held',
     owner = %(owner)s,
     run_count = m.run_count + 1,
     attempts = m.attempts + 1,
     claimed_at = COALESCE(%(now)s::timestamptz, now())
-FROM picked
-WHERE m.id = picked.id
+WHERE m.id = ANY (ARRAY(SELECT picked.id FROM picked))
 RETURNING m.id, m.queue, m.priority, m.body, m.content_type, m.content_encoding,
           m.headers, m.properties, m.run_count, m.attempts;
 
