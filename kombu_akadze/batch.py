@@ -44,7 +44,7 @@ def publishing(target: Any) -> Iterator[None]:
     finally:
         channel._batch = None  # on an exception nothing buffered is written
     if batch:
-        inserted, routed = channel.store.message_route_many(batch)
+        _, routed = channel.store.message_route_many(batch)
         if routed < len(batch):
             logger.warning(
                 "kombu-akadze: %d of %d batched message(s) matched no bound queue and were dropped",

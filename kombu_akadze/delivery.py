@@ -102,7 +102,7 @@ class Deliverer:
         more = False
         left_out = False  # queues that got no slot this round (fewer free slots than queues)
         for channel in self.channels():
-            channel.qos.retry_pending()
+            channel.qos.flush(("bury", "requeue"))  # acks ride along in the claim statement
             if not channel._consumers:
                 continue
             free = free_slots(channel, self.claim_batch)
@@ -118,6 +118,8 @@ class Deliverer:
                     owner_of[queue] = channel
         self._rotation += 1
         if not wanted:
+            for channel in self.channels():
+                channel.qos.flush(("ack",))  # no claim to carry them: write the acks on their own
             return 0, more
         claimed = self.claim(list(wanted), list(wanted.values()))
         got: dict[str, int] = {}

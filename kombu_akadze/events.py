@@ -182,15 +182,15 @@ class HubDriver:
         self.waker.drain()
         if self._stopped:
             return
-        self.flush_outcomes()
         # One message per loop iteration, so Celery can stop (warm shutdown) between two of them.
         if self.deliver_one():
             self.wake()
             return
         if not self.maybe_ready or not self.has_free_slot():
+            self.flush_outcomes()
             return
         self.claims += 1
-        self.maybe_ready = self.claim_round()
+        self.maybe_ready = self.claim_round()  # writes the tick's acks in the same statement
         self.wake()  # deliver what was claimed; claim again at once if the claim filled every slot
 
     def _arm(self) -> None:

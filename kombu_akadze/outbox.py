@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import kombu
 from amqp.protocol import queue_declare_ok_t
+from kombu.connection import Connection
 from kombu.transport import virtual
 
 from kombu_akadze.errors import QueueFullError
@@ -41,7 +41,7 @@ class CaptureChannel(Channel):
     connection: CaptureTransport  # type: ignore[assignment]
 
     def basic_publish(self, message: dict[str, Any], exchange: str, routing_key: str, **kwargs: Any) -> None:
-        self._inplace_augment_message(message, exchange, routing_key)
+        self._inplace_augment_message(message, exchange, routing_key)  # type: ignore[no-untyped-call]
         self.connection.captured.append(Captured(exchange, routing_key, self._new_message(routing_key, message)))
 
     def exchange_declare(self, *args: Any, **kwargs: Any) -> None:
@@ -54,7 +54,7 @@ class CaptureChannel(Channel):
         return None
 
     def close(self) -> None:
-        virtual.Channel.close(self)  # nothing was claimed, so nothing to give back
+        virtual.Channel.close(self)  # type: ignore[no-untyped-call]  # nothing claimed: nothing to give back
 
 
 class CaptureTransport(virtual.Transport):
@@ -65,7 +65,7 @@ class CaptureTransport(virtual.Transport):
     driver_name = "akadze-outbox"
 
     def __init__(self, client: Any, **kwargs: Any) -> None:
-        super().__init__(client, **kwargs)
+        super().__init__(client, **kwargs)  # type: ignore[no-untyped-call]
         self.options = Options.from_transport_options(client.transport_options)
         self.captured: list[Captured] = []
 
@@ -96,9 +96,17 @@ def enqueue(
     transport_options = dict(celery_app.conf.broker_transport_options or {})
     if queue is not None:
         options["queue"] = queue
-    with kombu.Connection(transport=CaptureTransport, transport_options=transport_options) as capture:
+    capturing = Connection(transport=CaptureTransport, transport_options=transport_options)  # type: ignore[no-untyped-call]
+    with capturing as capture:
         producer = celery_app.amqp.Producer(capture, auto_declare=False)
-        result = _publish(celery_app, signature_or_task, tuple(args), dict(kwargs or {}), producer, options)
+        result = _publish(
+            celery_app,
+            signature_or_task,
+            args=tuple(args),
+            kwargs=dict(kwargs or {}),
+            producer=producer,
+            options=options,
+        )
         transport: CaptureTransport = capture.transport
         captured = list(transport.captured)
     store = Store("", schema=schema or transport.options.schema, role="outbox")
@@ -119,7 +127,7 @@ def _app_of(signature_or_task: Any, app: Any) -> Any:
 
 
 def _publish(
-    app: Any, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any], producer: Any, options: dict[str, Any]
+    app: Any, target: Any, *, args: tuple[Any, ...], kwargs: dict[str, Any], producer: Any, options: dict[str, Any]
 ) -> Any:
     """Celery's own publish path, with our capturing producer."""
     if isinstance(target, str):
@@ -141,9 +149,7 @@ def _write(store: Store, conn: psycopg.Connection[Any], item: Captured, *, quiet
                 "stored for it: roll back and retry later, or raise the limit"
             )
         return
-    queues, matched = store.message_route_on(
-        conn, item.message, exchange=item.exchange, routing_key=item.routing_key
-    )
+    queues, matched = store.message_route_on(conn, item.message, exchange=item.exchange, routing_key=item.routing_key)
     if matched > len(queues):
         raise QueueFullError(
             f"message to exchange {item.exchange!r} (routing key {item.routing_key!r}) was refused by "

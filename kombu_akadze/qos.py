@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from kombu.transport import virtual
@@ -48,6 +49,7 @@ class QoS(virtual.QoS):
         super().__init__(channel, prefetch_count)
         self._pending_lock = threading.Lock()
         self._pending: list[tuple[str, str]] = []
+        self._pending_since = 0.0
 
     def ack(self, delivery_tag: str) -> None:
         self._settle("ack", delivery_tag)
@@ -58,24 +60,47 @@ class QoS(virtual.QoS):
     def _settle(self, kind: str, delivery_tag: str) -> None:
         parse_tag(delivery_tag)  # a foreign tag fails here, loudly, before anything is buffered
         with self._pending_lock:
+            if not self._pending:
+                self._pending_since = time.monotonic()
             self._pending.append((kind, delivery_tag))
         self._quick_ack(delivery_tag)  # the prefetch slot is free now; the row follows at the flush
         if not self.channel.connection.outcome_flush_scheduled():
             self.flush()
+
+    def due(self, batch: int, delay: float) -> bool:
+        """Whether buffered outcomes should be written now: *batch* of them, or the oldest *delay* s old."""
+        with self._pending_lock:
+            n = len(self._pending)
+        return n >= batch or (n > 0 and time.monotonic() - self._pending_since >= delay)
 
     @property
     def pending(self) -> int:
         with self._pending_lock:
             return len(self._pending)
 
-    def flush(self) -> int:
-        """Write every buffered outcome, one statement per kind; returns how many are still pending."""
+    def take_acks(self) -> list[str]:
+        """Hand the buffered acks to a combined ack+claim statement (see acks_written, acks_failed)."""
         with self._pending_lock:
-            batch, self._pending = self._pending, []
+            acks = [dtag for kind, dtag in self._pending if kind == "ack"]
+            self._pending = [(kind, dtag) for kind, dtag in self._pending if kind != "ack"]
+        return acks
+
+    def acks_written(self, dtags: list[str], done: set[int]) -> None:
+        self._report("ack", [parse_tag(d) for d in dtags], done)
+
+    def acks_failed(self, dtags: list[str]) -> None:
+        with self._pending_lock:
+            self._pending[:0] = [("ack", d) for d in dtags]
+
+    def flush(self, kinds: tuple[str, ...] = ("ack", "bury", "requeue")) -> int:
+        """Write the buffered outcomes of *kinds*, one statement per kind; returns how many still wait."""
+        with self._pending_lock:
+            batch = [(k, d) for k, d in self._pending if k in kinds]
+            self._pending = [(k, d) for k, d in self._pending if k not in kinds]
         if not batch:
             return 0
         failed: list[tuple[str, str]] = []
-        for kind in ("ack", "bury", "requeue"):
+        for kind in kinds:
             dtags = [dtag for k, dtag in batch if k == kind]
             if dtags and not self._write(kind, dtags):
                 failed.extend((kind, dtag) for dtag in dtags)
@@ -109,6 +134,10 @@ class QoS(virtual.QoS):
                 kind,
             )
             return False
+        self._report(kind, tags, done)
+        return True
+
+    def _report(self, kind: str, tags: list[tuple[int, int]], done: set[int]) -> None:
         for message_id, run_count in tags:
             if message_id not in done:
                 logger.warning(
@@ -120,7 +149,6 @@ class QoS(virtual.QoS):
                     run_count,
                 )
                 self.channel.connection.fenced_outcomes += 1
-        return True
 
     def retry_pending(self) -> int:
         """Write again the outcomes that failed transiently; returns how many are still pending."""

@@ -305,23 +305,32 @@ class Store:
             "message_claim",
             {"queues": list(queues), "limits": list(limits), "owner": owner, "now": now},
         )
-        claimed = [
-            ClaimedMessage(
-                id=r["id"],
-                queue=r["queue"],
-                priority=r["priority"],
-                body=bytes(r["body"]),
-                content_type=r["content_type"],
-                content_encoding=r["content_encoding"],
-                headers=r["headers"],
-                properties=r["properties"],
-                run_count=r["run_count"],
-                attempts=r["attempts"],
-            )
-            for r in rows
-        ]
-        claimed.sort(key=lambda m: (-m.priority, m.id))
-        return claimed
+        return _claimed(rows)
+
+    def message_ack_claim(
+        self,
+        *,
+        acks: Iterable[Tag],
+        queues: Sequence[str],
+        limits: Sequence[int],
+        owner: str,
+        now: datetime | None = None,
+    ) -> tuple[list[ClaimedMessage], set[int]]:
+        """Write finished runs and claim the next messages in one statement: (claimed, acked ids)."""
+        ack_ids, ack_run_counts = _split(acks)
+        rows = self._run(
+            "message_ack_claim",
+            {
+                "ack_ids": ack_ids,
+                "ack_run_counts": ack_run_counts,
+                "queues": list(queues),
+                "limits": list(limits),
+                "owner": owner,
+                "now": now,
+            },
+        )
+        acked = {int(r["id"]) for r in rows if r["acked"]}
+        return _claimed([r for r in rows if not r["acked"]]), acked
 
     def message_ack(self, tags: Iterable[Tag]) -> set[int]:
         return self._ids("message_ack", tags)
@@ -664,6 +673,27 @@ def _split(tags: Iterable[Tag]) -> tuple[list[int], list[int]]:
         ids.append(int(message_id))
         run_counts.append(int(run_count))
     return ids, run_counts
+
+
+def _claimed(rows: list[dict[str, Any]]) -> list[ClaimedMessage]:
+    """Claimed rows as messages, in claim order (priority first, then publish order)."""
+    claimed = [
+        ClaimedMessage(
+            id=r["id"],
+            queue=r["queue"],
+            priority=r["priority"],
+            body=bytes(r["body"]),
+            content_type=r["content_type"],
+            content_encoding=r["content_encoding"],
+            headers=r["headers"],
+            properties=r["properties"],
+            run_count=r["run_count"],
+            attempts=r["attempts"],
+        )
+        for r in rows
+    ]
+    claimed.sort(key=lambda m: (-m.priority, m.id))
+    return claimed
 
 
 def _outcome(rows: list[dict[str, Any]]) -> Outcome:

@@ -221,6 +221,11 @@ def _parse_eta(value: Any) -> datetime | None:
         return None  # not an ETA we understand: deliver now and let Celery decide
 
 
+#: A draining kombu consumer writes buffered outcomes once this many wait, or the oldest is this old.
+OUTCOME_BATCH = 64
+OUTCOME_DELAY = 0.02
+
+
 class Transport(virtual.Transport):
     """PostgreSQL transport; one instance per kombu connection."""
 
@@ -253,6 +258,7 @@ class Transport(virtual.Transport):
         self._consumer_lock = threading.Lock()
         self._rotation = 0
         self._driver: HubDriver | None = None
+        self._draining = False  # set once drain_events runs: outcomes may then wait for its flush
         self.waker = Waker()
         #: exchange -> monotonic time until which it is known to have no bound queue (events only).
         self.unbound_until: dict[str, float] = {}
@@ -319,19 +325,26 @@ class Transport(virtual.Transport):
             driver.stop()
 
     def outcome_flush_scheduled(self) -> bool:
-        """With a running event loop, outcomes of one tick are flushed together (and a claim follows);
-        otherwise the caller writes now, and a consumer waiting in drain_events is woken."""
-        driver = self._driver
-        if driver is None or not driver.running:
-            self.waker.wake()
-            return False
-        driver.wake()
-        return True
+        """Whether a buffered outcome will be written by someone else soon (False: write it now).
 
-    def flush_outcomes(self) -> None:
+        With Celery's event loop the outcomes of one tick go out together, then a claim. A kombu
+        consumer that drains (drain_events) flushes at its next claim, after OUTCOME_BATCH outcomes
+        or OUTCOME_DELAY seconds, and its heartbeat thread at every beat; anyone else writes now.
+        """
+        driver = self._driver
+        if driver is not None and driver.running:
+            driver.wake()
+            return True
+        if self._draining:
+            self.waker.wake()
+            return True
+        return False
+
+    def flush_outcomes(self, *, force: bool = True, kinds: tuple[str, ...] = ("ack", "bury", "requeue")) -> None:
         for channel in list(self.channels):
-            if channel._qos is not None:
-                channel._qos.flush()
+            qos = channel._qos
+            if qos is not None and (force or qos.due(OUTCOME_BATCH, OUTCOME_DELAY)):
+                qos.flush(kinds)
 
     def waker_wait(self, timeout: float) -> None:
         """Sleep up to *timeout*, returning early when an outcome frees a slot."""
@@ -387,10 +400,16 @@ class Transport(virtual.Transport):
                 max_attempts=opts.max_attempts,
                 queues=self.consumed_queues,
             )
+            heartbeat.on_beat = self._flush_from_heartbeat
             heartbeat.start()
             self._heartbeat = heartbeat
             if self._listener is None:
                 self._listener = Listener(self._new_store("listen"), enabled=opts.listen, waker=self.waker)
+
+    def _flush_from_heartbeat(self) -> None:
+        """Outcomes of a kombu consumer that stopped draining still reach the database within a beat."""
+        if self._draining:
+            self.flush_outcomes()
 
     def _stop_consumer(self) -> None:
         heartbeat, self._heartbeat = self._heartbeat, None
@@ -416,23 +435,38 @@ class Transport(virtual.Transport):
             )
 
     def claim(self, queues: list[str], limits: list[int]) -> list[ClaimedMessage]:
+        """Claim, carrying the buffered acks of every channel in the same statement (one round trip)."""
         self._ensure_consumer()
         heartbeat = self._heartbeat
         if heartbeat is not None and not heartbeat.healthy():
             return []  # our lease may already be rescued: claim nothing until a heartbeat lands
-        return self.store.message_claim(queues=queues, limits=limits, owner=self.consumer_id)
+        taken = [(qos, qos.take_acks()) for c in list(self.channels) if (qos := c._qos) is not None]
+        taken = [(qos, dtags) for qos, dtags in taken if dtags]
+        acks = [parse_tag(d) for _, dtags in taken for d in dtags]
+        try:
+            claimed, done = self.store.message_ack_claim(
+                acks=acks, queues=queues, limits=limits, owner=self.consumer_id
+            )
+        except AkadzeError:
+            for qos, dtags in taken:
+                qos.acks_failed(dtags)  # still ours to write: retried with the next claim or flush
+            raise
+        for qos, dtags in taken:
+            qos.acks_written(dtags, done)
+        return claimed
 
     # -- draining -----------------------------------------------------------
 
     def drain_events(self, connection: Any, timeout: float | None = None) -> None:  # type: ignore[override]
         """Deliver one message; else wait on LISTEN, an ack (waker) or the safety poll, up to *timeout*."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        self._draining = True
         while True:
             self.check_lease()
-            self.flush_outcomes()
+            self.flush_outcomes(force=False)
             if self.deliverer.deliver_one():
                 return
-            self.deliverer.claim_round()
+            self.deliverer.claim_round()  # writes the buffered acks in the claim's statement
             if self.deliverer.deliver_one():
                 return
             armed = self._listener is not None and self._listener.fd is not None

@@ -163,6 +163,44 @@ WHERE m.id = ANY (ARRAY(SELECT picked.id FROM picked))
 RETURNING m.id, m.queue, m.priority, m.body, m.content_type, m.content_encoding,
           m.headers, m.properties, m.run_count, m.attempts;
 
+-- name: message_ack_claim
+-- The hot path in one round trip: delete the runs this consumer finished
+-- (fenced on (id, run_count), as message_ack) and claim the next messages (as
+-- message_claim). Rows come back as claimed messages, then acked ids (acked = true).
+WITH acked AS (
+    DELETE FROM {schema}.messages AS m
+    USING unnest(%(ack_ids)s::bigint[], %(ack_run_counts)s::integer[]) AS t(id, run_count)
+    WHERE m.id = t.id AND m.run_count = t.run_count AND m.state = 'held'
+    RETURNING m.id
+), picked AS (
+    SELECT c.id
+    FROM unnest(%(queues)s::text[], %(limits)s::integer[]) AS q(name, lim)
+    CROSS JOIN LATERAL (
+        SELECT m.id
+        FROM {schema}.messages AS m
+        WHERE m.queue = q.name
+          AND m.state = 'ready'
+          AND m.available_at <= COALESCE(%(now)s::timestamptz, now())
+          AND (m.expires_at IS NULL OR m.expires_at > COALESCE(%(now)s::timestamptz, now()))
+        ORDER BY m.priority DESC, m.id
+        LIMIT q.lim
+        FOR UPDATE SKIP LOCKED
+    ) AS c
+), claimed AS (
+    UPDATE {schema}.messages AS m
+    SET state = 'held',
+        owner = %(owner)s,
+        run_count = m.run_count + 1,
+        attempts = m.attempts + 1,
+        claimed_at = COALESCE(%(now)s::timestamptz, now())
+    WHERE m.id = ANY (ARRAY(SELECT picked.id FROM picked))
+    RETURNING m.id, m.queue, m.priority, m.body, m.content_type, m.content_encoding,
+              m.headers, m.properties, m.run_count, m.attempts
+)
+SELECT claimed.*, false AS acked FROM claimed
+UNION ALL
+SELECT acked.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, true FROM acked;
+
 -- name: message_ack
 -- Delete the messages this consumer finished, fenced on (id, run_count): a run
 -- that was rescued and re-claimed since does not match and is left alone.

@@ -28,6 +28,7 @@ def receive(conn: kombu.Connection, queue: Queue, n: int, timeout: float = 20.0)
                 conn.drain_events(timeout=0.5)
     for m in got:
         m.ack()
+    conn.transport.flush_outcomes()  # acks of a draining consumer are batched; write them before checking
     return got
 
 

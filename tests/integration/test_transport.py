@@ -14,6 +14,7 @@ import pytest
 from kombu import Exchange, Queue
 
 from kombu_akadze.store import Store
+from kombu_akadze.testing import eventually
 from kombu_akadze.transport import Transport
 
 
@@ -76,8 +77,8 @@ def test_publish_consume_ack_deletes_the_row(make_connection: Any, store: Store)
     assert got[0].payload == {"n": 1}
     assert got[0].delivery_info["redelivered"] is False
     assert store.message_counts() == {("work", "held"): 1}
-    got[0].ack()
-    assert store.message_counts() == {}
+    got[0].ack()  # a draining consumer writes acks in batches (at its next claim, or within 20 ms / a beat)
+    eventually(lambda: store.message_counts() == {}, timeout=10, what="the acked row is deleted")
     consumer.cancel()
 
 
@@ -142,7 +143,7 @@ def test_reject_without_requeue_goes_to_dead_letters(make_connection: Any, store
     q = conn.SimpleQueue("dl")
     q.put({"n": 1})
     q.get(timeout=10).reject(requeue=False)
-    assert store.message_counts() == {}
+    eventually(lambda: store.message_counts() == {}, timeout=10, what="the rejected row leaves the queue")
     (dead,) = store.deadletter_list(queue="dl")
     assert "requeue=False" in dead["reason"]
     q.close()
@@ -197,13 +198,14 @@ def test_a_stale_ack_changes_nothing_and_names_the_message(
 
     with caplog.at_level(logging.WARNING, logger="kombu_akadze"):
         msg.ack()
+        slow.transport.flush_outcomes()  # slow's heartbeat is stopped: write its buffered ack now
     assert f"message id={mid}" in caplog.text
     assert "not ours" in caplog.text
     row = store.message_get(mid)
     assert row is not None
     assert (row["state"], row["run_count"], row["owner"]) == ("held", 2, fast.transport.consumer_id)
     newer.ack()
-    assert store.message_get(mid) is None
+    eventually(lambda: store.message_get(mid) is None, timeout=10, what="the newer run's ack lands")
     q.close()
     q2.close()
 
@@ -247,7 +249,7 @@ def test_a_silent_consumers_messages_are_rescued_and_redelivered(make_connection
     assert all(m.headers["akadze_attempt"] == 2 for m in again)
     for m in again:
         m.ack()
-    assert store.message_counts() == {}
+    eventually(lambda: store.message_counts() == {}, timeout=10, what="the redelivered messages are acked")
     assert len(held) == 3
     q.close()
     q2.close()
@@ -316,3 +318,35 @@ def test_pickled_messages_survive_a_restore(make_connection: Any) -> None:
     assert pickle.loads(msg.body) == {"s": {1, 2, 3}}
     msg.ack()
     q2.close()
+
+
+def test_a_draining_consumer_writes_its_acks_in_batches(make_connection: Any, store: Store) -> None:
+    conn = make_connection(claim_batch=100)
+    queue = Queue("batched")
+    conn.Producer().publish({"warm": True}, routing_key="batched", declare=[queue])
+    for i in range(300):
+        conn.Producer().publish({"i": i}, routing_key="batched")
+    calls: list[int] = []  # acks carried by each statement that wrote any
+    store_of = conn.transport.store
+    real_ack, real_ack_claim = store_of.message_ack, store_of.message_ack_claim
+
+    def counting_ack(tags):  # type: ignore[no-untyped-def]
+        tags = list(tags)
+        calls.append(len(tags))
+        return real_ack(tags)
+
+    def counting_ack_claim(*, acks, **kwargs):  # type: ignore[no-untyped-def]
+        acks = list(acks)
+        if acks:
+            calls.append(len(acks))
+        return real_ack_claim(acks=acks, **kwargs)
+
+    store_of.message_ack = counting_ack
+    store_of.message_ack_claim = counting_ack_claim
+    consumer, got = consume(conn, queue, prefetch=100)
+    consumer.callbacks[:] = [lambda body, msg: (got.append(msg), msg.ack())]
+    drain_until(conn, lambda: len(got) >= 301)
+    eventually(lambda: store.message_counts() == {}, timeout=10, what="every ack written")
+    assert sum(calls) == 301
+    assert len(calls) < 301 / 10, calls  # batched: far fewer statements than acks
+    consumer.cancel()
