@@ -23,7 +23,11 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)  ## by hand: ratios against RabbitMQ measured in the same run
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) benchmarks/run.py
 
+docs: $(STAMP)  ## the documentation site in site/; any warning (a broken link) fails the build
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) .akadze .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .akadze .pytest_cache .mypy_cache .ruff_cache site

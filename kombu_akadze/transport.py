@@ -193,6 +193,11 @@ class Channel(ExchangeMixin, virtual.Channel):
         self.connection.declared.clear()
         return self.store.queue_delete(name=queue)
 
+    def basic_qos(self, prefetch_size: int = 0, prefetch_count: int = 0, apply_global: bool = False) -> None:
+        """A wider window (Celery widens it for every ETA task it holds) may be filled at once."""
+        super().basic_qos(prefetch_size, prefetch_count, apply_global)
+        self.connection.wake(ready=True)
+
     def basic_consume(self, queue: str, no_ack: bool, callback: Any, consumer_tag: str, **kwargs: Any) -> Any:
         result = super().basic_consume(queue, no_ack, callback, consumer_tag, **kwargs)
         self.store.queue_touch(queues=[queue])
@@ -339,6 +344,14 @@ class Transport(virtual.Transport):
             self.waker.wake()
             return True
         return False
+
+    def wake(self, *, ready: bool = False) -> None:
+        """Make the consuming loop run now (and claim, if *ready*)."""
+        driver = self._driver
+        if driver is not None and driver.running:
+            driver.wake(ready=ready)
+        else:
+            self.waker.wake()
 
     def flush_outcomes(self, *, force: bool = True, kinds: tuple[str, ...] = ("ack", "bury", "requeue")) -> None:
         for channel in list(self.channels):

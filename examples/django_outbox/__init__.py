@@ -1,0 +1,1 @@
+"""A tiny Django project whose orders and their confirmation tasks commit together (see app.py)."""
