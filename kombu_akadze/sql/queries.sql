@@ -495,16 +495,18 @@ WITH up AS (
     VALUES (%(name)s, %(max_attempts)s, %(arguments)s, %(durable)s, %(auto_delete)s, %(exclusive)s,
             make_interval(secs => %(expires)s::float8), make_interval(secs => %(message_ttl)s::float8),
             %(max_length)s, %(overflow)s, COALESCE(%(now)s::timestamptz, now()))
+    -- A redeclaration with arguments replaces them; a plain one (e.g. Celery declaring a queue
+    -- by name before publishing) keeps what the queue was declared with.
     ON CONFLICT (name) DO UPDATE
     SET max_attempts = COALESCE(EXCLUDED.max_attempts, q.max_attempts),
-        arguments = EXCLUDED.arguments,
+        arguments = CASE WHEN EXCLUDED.arguments = '{}'::jsonb THEN q.arguments ELSE EXCLUDED.arguments END,
         durable = EXCLUDED.durable,
         auto_delete = EXCLUDED.auto_delete,
         exclusive = EXCLUDED.exclusive,
-        expires = EXCLUDED.expires,
-        message_ttl = EXCLUDED.message_ttl,
-        max_length = EXCLUDED.max_length,
-        overflow = EXCLUDED.overflow,
+        expires = CASE WHEN EXCLUDED.arguments = '{}'::jsonb THEN q.expires ELSE EXCLUDED.expires END,
+        message_ttl = CASE WHEN EXCLUDED.arguments = '{}'::jsonb THEN q.message_ttl ELSE EXCLUDED.message_ttl END,
+        max_length = CASE WHEN EXCLUDED.arguments = '{}'::jsonb THEN q.max_length ELSE EXCLUDED.max_length END,
+        overflow = CASE WHEN EXCLUDED.arguments = '{}'::jsonb THEN q.overflow ELSE EXCLUDED.overflow END,
         last_used_at = EXCLUDED.last_used_at
     RETURNING name
 )

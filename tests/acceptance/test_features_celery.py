@@ -1,0 +1,58 @@
+"""Message features seen from Celery with real workers: native delay of far ETAs, priorities, queue caps."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from kombu import Queue
+
+from examples import tasks
+from kombu_akadze.errors import QueueFullError
+from kombu_akadze.testing import eventually
+
+from .conftest import Cluster, Tally
+
+QUEUE = "celery"
+
+
+def test_a_far_countdown_waits_in_the_database_then_runs_once_on_time(cluster: Cluster) -> None:
+    options = {"native_delay_threshold": 2}
+    app = tasks.make_app(cluster.env(options))
+    cluster.apps.append(app)
+    eta = datetime.now(UTC) + timedelta(seconds=8)
+    app.send_task(tasks.RECORD, args=[1], eta=eta)
+    assert cluster.store.message_counts() == {(QUEUE, "delayed"): 1}  # no worker will hold it yet
+    cluster.start_worker("a", concurrency=1, env=cluster.env(options))
+    eventually(lambda: cluster.table.rows().get(1), timeout=60, what="the delayed task ran")
+    done_at = datetime.now(UTC)
+    assert done_at >= eta - timedelta(seconds=0.5), "ran before its ETA"
+    print(f"\nnative delay: ran {(done_at - eta).total_seconds():.2f} s after its ETA")
+    tally = cluster.tally([1], injected="none (countdown beyond native_delay_threshold)")
+    assert tally == Tally(sent=1, completed=1, duplicated=0, queued=0, lost=0)
+
+
+def test_a_high_priority_task_sent_after_a_backlog_runs_first(cluster: Cluster) -> None:
+    app = cluster.producer()
+    with app.producer_or_acquire() as producer:
+        for n in range(200):
+            app.send_task(tasks.RECORD, args=[n], priority=0, producer=producer)
+        app.send_task(tasks.RECORD, args=[999], priority=9, producer=producer)
+    cluster.start_worker("a", pool="solo", concurrency=1)
+    eventually(lambda: len(cluster.entries()) >= 4, timeout=60, what="the worker starts tasks")
+    first = next(e for e in cluster.entries() if e.event == "start")
+    assert first.n == 999
+    eventually(lambda: cluster.queue_rows() == 0, timeout=120, what="the backlog drains")
+    tally = cluster.tally([*range(200), 999], injected="none (priority 9 after 200 of priority 0)")
+    assert tally == Tally(sent=201, completed=201, duplicated=0, queued=0, lost=0)
+
+
+def test_a_full_queue_with_reject_publish_raises_to_the_caller_and_keeps_its_cap(cluster: Cluster) -> None:
+    app = cluster.producer()
+    with app.connection_for_write() as conn:
+        Queue("capped", max_length=2, queue_arguments={"x-overflow": "reject-publish"})(conn.default_channel).declare()
+    app.send_task(tasks.RECORD, args=[1], queue="capped")  # Celery declares "capped" again, plainly
+    app.send_task(tasks.RECORD, args=[2], queue="capped")
+    with pytest.raises(QueueFullError, match="full"):
+        app.send_task(tasks.RECORD, args=[3], queue="capped")
+    assert cluster.store.message_counts() == {("capped", "ready"): 2}
