@@ -1,0 +1,138 @@
+"""The brokers compared in one run: their URLs and options, and the setup and cleanup of what a run creates."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import kombu
+from pgstats import Pg
+
+from kombu_akadze import migrate
+
+logger = logging.getLogger("bench")
+
+REFERENCE = "rabbitmq"
+ALL = ("akadze", "rabbitmq", "rabbitmq_confirm", "redis", "sqla")
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    pg: str = "postgresql://postgres@127.0.0.1:5432/test"
+    amqp: str = "pyamqp://guest:guest@127.0.0.1:5672//"
+    redis: str = "redis://127.0.0.1:6379/0"
+
+
+@dataclass
+class Broker:
+    """One broker configuration; ``names`` collects the queues and exchanges it was given, for cleanup."""
+
+    name: str
+    kind: str
+    url: str
+    transport_options: dict[str, Any]
+    schema: str | None = None
+    names: set[str] = field(default_factory=set)
+
+    def connection(self) -> kombu.Connection:
+        return kombu.Connection(self.url, transport_options=dict(self.transport_options), connect_timeout=10)
+
+    def queue_name(self, workload: str, run_id: str) -> str:
+        name = f"bench-{run_id}-{workload}-{self.name}"
+        self.names.add(name)
+        return name
+
+    def celery_env(self, *, queue: str, prefetch: int, key: str, redis_url: str) -> dict[str, str]:
+        return {
+            "BENCH_BROKER_URL": self.url,
+            "BENCH_TRANSPORT_OPTIONS": json.dumps(self.transport_options),
+            "BENCH_QUEUE": queue,
+            "BENCH_PREFETCH": str(prefetch),
+            "BENCH_KEY": key,
+            "BENCH_REDIS_URL": redis_url,
+        }
+
+
+def make(names: list[str], run_id: str, ends: Endpoints) -> list[Broker]:
+    """The brokers to compare, each isolated to this run (schema, key prefix, queue names)."""
+    pg_host = ends.pg.split("://", 1)[1]
+    made = {
+        "akadze": Broker(
+            "akadze", "akadze", f"akadze+{ends.pg}", {"schema": f"bench_{run_id}"}, schema=f"bench_{run_id}"
+        ),
+        "rabbitmq": Broker("rabbitmq", "amqp", ends.amqp, {}),
+        "rabbitmq_confirm": Broker("rabbitmq_confirm", "amqp", ends.amqp, {"confirm_publish": True}),
+        "redis": Broker("redis", "redis", ends.redis, {"global_keyprefix": f"akadze-bench-{run_id}:"}),
+        # kombu's sqla transport has fixed sequence and index names: a private search_path keeps it apart.
+        "sqla": Broker(
+            "sqla",
+            "sqla",
+            f"sqla+postgresql://{pg_host}",
+            {"connect_args": {"options": f"-c search_path=bench_{run_id}_sqla"}},
+            schema=f"bench_{run_id}_sqla",
+        ),
+    }
+    return [made[n] for n in names]
+
+
+def prepare(brokers: list[Broker], ends: Endpoints) -> None:
+    """Create what each broker needs up front, so no measurement pays for a migration."""
+    for broker in brokers:
+        if broker.kind == "akadze" and broker.schema:
+            migrate.apply(ends.pg, broker.schema)
+        elif broker.kind == "sqla" and broker.schema:
+            with Pg(ends.pg) as pg:
+                pg.run("schema_create", schema=broker.schema)
+
+
+def cleanup(brokers: list[Broker], ends: Endpoints, run_id: str) -> list[str]:
+    """Remove every schema, queue, exchange and key this run created; returns what could not be removed."""
+    problems: list[str] = []
+    for broker in brokers:
+        try:
+            _cleanup_one(broker, ends)
+        except Exception as exc:
+            problems.append(f"{broker.name}: {type(exc).__name__}: {exc}")
+    try:
+        import redis
+
+        client = redis.Redis.from_url(ends.redis)
+        for pattern in (f"akadze-bench:{run_id}:*", f"akadze-bench-{run_id}:*"):
+            for k in client.scan_iter(match=pattern, count=1000):
+                client.delete(k)
+    except Exception as exc:
+        problems.append(f"redis counters: {type(exc).__name__}: {exc}")
+    return problems
+
+
+def _cleanup_one(broker: Broker, ends: Endpoints) -> None:
+    if broker.kind == "akadze" and broker.schema:
+        migrate.drop(ends.pg, broker.schema)
+        migrate.forget_checks()
+    elif broker.kind == "sqla" and broker.schema:
+        dispose_sqla_engines()
+        with Pg(ends.pg) as pg:
+            pg.run("schema_drop", schema=broker.schema)
+    elif broker.kind == "amqp":
+        with broker.connection() as conn:
+            for name in sorted(broker.names):
+                for delete in ("queue_delete", "exchange_delete"):
+                    channel = conn.channel()
+                    with contextlib.suppress(Exception):  # never declared on this broker: nothing to delete
+                        getattr(channel, delete)(name)
+                    with contextlib.suppress(Exception):
+                        channel.close()
+
+
+def dispose_sqla_engines() -> None:
+    """kombu's sqla channels cache engines (and idle-in-transaction sessions) per URL; close them all."""
+    try:
+        from kombu.transport.sqlalchemy import Channel
+    except ImportError:
+        return
+    for engine, _session in list(Channel._engines.values()):
+        engine.dispose()
+    Channel._engines.clear()
