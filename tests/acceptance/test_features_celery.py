@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
-from kombu import Queue
+from kombu import Exchange, Queue
 
 from examples import tasks
 from kombu_akadze.errors import QueueFullError
@@ -56,3 +57,49 @@ def test_a_full_queue_with_reject_publish_raises_to_the_caller_and_keeps_its_cap
     with pytest.raises(QueueFullError, match="full"):
         app.send_task(tasks.RECORD, args=[3], queue="capped")
     assert cluster.store.message_counts() == {("capped", "ready"): 2}
+
+
+def _declare_dead_letter_route(app: Any, *, work_arguments: dict[str, Any], work_ttl: float | None = None) -> None:
+    """Queue "work" dead-letters to exchange "parking", whose binding "parked" feeds queue "parked"."""
+    parking = Exchange("parking", type="direct")
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        Queue("work", message_ttl=work_ttl, queue_arguments=work_arguments)(channel).declare()
+        Queue("parked", exchange=parking, routing_key="parked")(channel).declare()
+
+
+@pytest.mark.slow
+def test_an_expired_task_is_dead_lettered_to_another_queue_where_a_worker_runs_it(cluster: Cluster) -> None:
+    app = cluster.producer()
+    _declare_dead_letter_route(
+        app,
+        work_arguments={"x-dead-letter-exchange": "parking", "x-dead-letter-routing-key": "parked"},
+        work_ttl=1.0,
+    )
+    app.send_task(tasks.RECORD, args=[1], queue="work")  # nobody consumes "work": it expires there
+    cluster.start_worker("parking", pool="solo", concurrency=1, args=["-Q", "parked"])
+    eventually(lambda: cluster.table.rows().get(1), timeout=90, what="the dead-lettered task ran from 'parked'")
+    assert cluster.store.deadletter_list() == [], "a routed dead letter must leave the dead letters table"
+    tally = cluster.tally([1], injected="message TTL 1 s on 'work' with x-dead-letter-exchange, no consumer")
+    assert tally == Tally(sent=1, completed=1, duplicated=0, queued=0, lost=0)
+
+
+@pytest.mark.slow
+def test_an_over_attempted_task_is_dead_lettered_to_another_queue_not_dropped(cluster: Cluster) -> None:
+    app = cluster.producer()
+    _declare_dead_letter_route(app, work_arguments={"x-dead-letter-exchange": "parking", "x-max-attempts": 1})
+    # No x-dead-letter-routing-key: the original routing key ("work") is kept, so bind that one too.
+    with app.connection_for_write() as conn:
+        Queue("parked", exchange=Exchange("parking", type="direct"), routing_key="work")(conn.default_channel).declare()
+    app.send_task(tasks.SLOW, args=[1, 4.0], queue="work")
+    first = cluster.start_worker("first", pool="solo", concurrency=1, args=["-Q", "work"])
+    eventually(lambda: cluster.started(1), timeout=60, what="the first worker starts the task")
+    first.kill_group()  # its lease dies with it: the rescue spends the only attempt
+    cluster.start_worker("parking", pool="solo", concurrency=1, args=["-Q", "parked"])
+    eventually(lambda: cluster.table.rows().get(1), timeout=90, what="the dead-lettered task ran from 'parked'")
+    starts = cluster.started(1)
+    assert len(starts) == 2, starts
+    assert starts[0].pid != starts[1].pid, "the second run is the parking worker's"
+    assert cluster.store.deadletter_list() == []
+    tally = cluster.tally([1], injected="kill -9 mid-task on a queue with x-max-attempts 1 and a DLX")
+    assert tally == Tally(sent=1, completed=1, duplicated=0, queued=0, lost=0)
