@@ -62,6 +62,8 @@ class Listener:
         self.waker = waker
         self.fd: int | None = None
         self.wakeups = 0
+        #: LISTEN sessions opened so far: a new session may get the closed one's fd number back.
+        self.sessions = 0
 
     def arm(self) -> int | None:
         """(Re)open the session and LISTEN; None when disabled or the database is unreachable."""
@@ -70,6 +72,7 @@ class Listener:
         if self.fd is None or not self.store.connected:
             try:
                 self.fd = self.store.listen_start()
+                self.sessions += 1
             except AkadzeError as exc:
                 self.fd = None
                 logger.warning("kombu-akadze LISTEN could not be armed, polling meanwhile: %s", exc)
@@ -141,6 +144,7 @@ class HubDriver:
         self.listen_poll_interval = listen_poll_interval
         self.check = check
         self._registered_fd: int | None = None
+        self._registered_session = 0
         self._timer: Any = None
         self._stopped = False
         #: Whether a claim could find something: set by wake-ups, the poll and full claims;
@@ -195,7 +199,9 @@ class HubDriver:
 
     def _arm(self) -> None:
         fd = self.listener.arm()
-        if fd == self._registered_fd:
+        # Same fd number is not enough: a re-armed session often reuses the closed socket's number, and
+        # the poller forgot that one when it was closed, so the new socket must be registered anew.
+        if fd == self._registered_fd and self.listener.sessions == self._registered_session:
             return
         if self._registered_fd is not None:
             self.hub.remove_reader(self._registered_fd)
@@ -203,6 +209,7 @@ class HubDriver:
         if fd is not None:
             self.hub.add_reader(fd, self._on_readable)
             self._registered_fd = fd
+            self._registered_session = self.listener.sessions
 
     def _on_readable(self, *args: Any) -> None:
         woken = self.listener.drain()

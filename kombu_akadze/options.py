@@ -68,6 +68,9 @@ class Options:
     native_delay_threshold: float = 60.0
     #: Largest message body accepted at publish, in bytes (0: no limit).
     max_message_size: int = 0
+    #: Let psycopg prepare statements it runs often (server-side); off for PgBouncer in
+    #: transaction pooling mode before 1.21, where a prepared statement may be on another server.
+    prepared_statements: bool = True
 
     @classmethod
     def from_transport_options(cls, raw: Mapping[str, Any] | None) -> Options:

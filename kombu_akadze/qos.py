@@ -50,6 +50,9 @@ class QoS(virtual.QoS):
         self._pending_lock = threading.Lock()
         self._pending: list[tuple[str, str]] = []
         self._pending_since = 0.0
+        # Kept past the channel's close (kombu sets channel.connection to None): a task that was running
+        # when Celery dropped a broken connection still settles its message, fenced, on this transport.
+        self._transport = channel.connection
 
     def ack(self, delivery_tag: str) -> None:
         self._settle("ack", delivery_tag)
@@ -57,15 +60,37 @@ class QoS(virtual.QoS):
     def reject(self, delivery_tag: str, requeue: bool = False) -> None:
         self._settle("requeue" if requeue else "bury", delivery_tag)
 
-    def _settle(self, kind: str, delivery_tag: str) -> None:
+    def forget(self, delivery_tag: str) -> None:
+        """A delivery to a no_ack consumer: its row goes at once, as RabbitMQ forgets the message when it
+        sends it; it never took a prefetch slot, so there is none to free."""
+        self._settle("ack", delivery_tag, tracked=False)
+
+    def _settle(self, kind: str, delivery_tag: str, *, tracked: bool = True) -> None:
         parse_tag(delivery_tag)  # a foreign tag fails here, loudly, before anything is buffered
         with self._pending_lock:
             if not self._pending:
                 self._pending_since = time.monotonic()
             self._pending.append((kind, delivery_tag))
-        self._quick_ack(delivery_tag)  # the prefetch slot is free now; the row follows at the flush
-        if not self.channel.connection.outcome_flush_scheduled():
+        if tracked:
+            self._quick_ack(delivery_tag)  # the prefetch slot is free now; the row follows at the flush
+        if self.channel.connection is None:
+            self._flush_after_close()
+        elif not self._transport.outcome_flush_scheduled():
             self.flush()
+
+    def _flush_after_close(self) -> None:
+        """The channel closed under a running task: nobody flushes for us any more, so write now on the
+        transport's session (opened again for this, and closed again if the whole connection is closed).
+        Fenced as ever: a run released at the close, or rescued since, changes nothing and runs again;
+        an outcome that cannot be written now stays held until rescue (after heartbeat_ttl), which also
+        means one more run."""
+        try:
+            if self.flush():
+                with self._pending_lock:
+                    self._pending.clear()
+        finally:
+            if not self._transport.channels:
+                self._transport.store.close()
 
     def due(self, batch: int, delay: float) -> bool:
         """Whether buffered outcomes should be written now: *batch* of them, or the oldest *delay* s old."""
@@ -111,14 +136,14 @@ class QoS(virtual.QoS):
 
     def _write(self, kind: str, dtags: list[str]) -> bool:
         tags = [parse_tag(d) for d in dtags]
-        store = self.channel.store
+        store = self._transport.store
         try:
             if kind == "ack":
                 done = store.message_ack(tags)
             elif kind == "bury":
                 done = store.message_bury(tags, reason=REJECT_REASON)
             else:
-                outcome = store.message_requeue(tags, max_attempts=self.channel.max_attempts_default)
+                outcome = store.message_requeue(tags, max_attempts=self._transport.options.max_attempts)
                 done = set(outcome.ready | outcome.dead)
                 for message_id in sorted(outcome.dead):
                     logger.warning(
@@ -148,7 +173,7 @@ class QoS(virtual.QoS):
                     message_id,
                     run_count,
                 )
-                self.channel.connection.fenced_outcomes += 1
+                self._transport.fenced_outcomes += 1
 
     def retry_pending(self) -> int:
         """Write again the outcomes that failed transiently; returns how many are still pending."""

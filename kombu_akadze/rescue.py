@@ -25,16 +25,24 @@ def run_once(store: Store, *, ttl: float, max_attempts: int, now: datetime | Non
     """One pass over every queue of the schema; safe to run from many consumers at once."""
     outcome = store.lease_rescue(ttl=ttl, max_attempts=max_attempts, now=now)
     result = RescueResult(len(outcome.ready), len(outcome.dead), outcome.consumers_gone)
-    if result.requeued or result.dead or result.consumers_gone:
-        logger.warning(
-            "kombu-akadze rescue: %d consumer(s) missed their heartbeat for %.0f s; "
-            "%d message(s) back to ready, %d to dead letters (max_attempts exceeded)",
-            result.consumers_gone,
-            ttl,
-            result.requeued,
-            result.dead,
-        )
+    _log_rescue(result.consumers_gone, result.requeued, result.dead, ttl=ttl)
     return result
+
+
+def _log_rescue(consumers_gone: int, requeued: int, dead: int, *, ttl: float) -> None:
+    """A warning when messages moved; only INFO when the silent consumers held nothing (a `celery inspect`
+    or other short-lived client that exited without closing its connection: nothing to worry about)."""
+    if not (requeued or dead or consumers_gone):
+        return
+    logger.log(
+        logging.WARNING if requeued or dead else logging.INFO,
+        "kombu-akadze rescue: %d consumer(s) missed their heartbeat for %.0f s; "
+        "%d message(s) back to ready, %d to dead letters (max_attempts exceeded)",
+        consumers_gone,
+        ttl,
+        requeued,
+        dead,
+    )
 
 
 def expire_once(store: Store, *, ttl: float, now: datetime | None = None) -> dict[str, int]:
@@ -54,15 +62,7 @@ def expire_once(store: Store, *, ttl: float, now: datetime | None = None) -> dic
 
 def report(counts: dict[str, int], *, ttl: float) -> None:
     """Log what one maintenance pass (consumer_maintain) changed, if anything."""
-    if counts["requeued"] or counts["dead"] or counts["consumers_gone"]:
-        logger.warning(
-            "kombu-akadze rescue: %d consumer(s) missed their heartbeat for %.0f s; "
-            "%d message(s) back to ready, %d to dead letters (max_attempts exceeded)",
-            counts["consumers_gone"],
-            ttl,
-            counts["requeued"],
-            counts["dead"],
-        )
+    _log_rescue(counts["consumers_gone"], counts["requeued"], counts["dead"], ttl=ttl)
     if counts["queues"] or counts["expired"]:
         logger.info(
             "kombu-akadze expiry: %d unused queue(s) deleted (%d message(s) with them), "

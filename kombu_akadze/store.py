@@ -131,6 +131,11 @@ def translate(exc: psycopg.Error, what: str, schema: str) -> DatabaseError:
             f"{what}: the kombu-akadze schema {schema!r} is not there ({detail}); "
             "run `akadze migrate --url ...` or enable the transport option auto_migrate"
         )
+    if isinstance(exc, pg_errors.UntranslatableCharacter):
+        return DatabaseError(
+            f"{what}: {detail}; a header or property holds a NUL character (U+0000), which PostgreSQL's jsonb "
+            "cannot store: remove it there (a message body may hold any bytes)"
+        )
     if isinstance(exc, pg_errors.InsufficientPrivilege):
         return DatabaseError(
             f"{what}: permission denied ({detail}); the role needs SELECT, INSERT, UPDATE, DELETE "
@@ -139,7 +144,9 @@ def translate(exc: psycopg.Error, what: str, schema: str) -> DatabaseError:
     return DatabaseError(f"{what}: {detail}")
 
 
-def connect(dsn: str, *, role: str, connect_timeout: float, autocommit: bool = True) -> psycopg.Connection[Any]:
+def connect(
+    dsn: str, *, role: str, connect_timeout: float, autocommit: bool = True, prepared_statements: bool = True
+) -> psycopg.Connection[Any]:
     """A new connection with keepalive defaults and an application_name that names its role."""
     params: dict[str, Any] = dict(conninfo_to_dict(dsn))
     is_socket = str(params.get("host", "")).startswith("/")
@@ -149,6 +156,8 @@ def connect(dsn: str, *, role: str, connect_timeout: float, autocommit: bool = T
     params.setdefault("application_name", f"akadze-{role}")
     params.setdefault("connect_timeout", str(max(1, int(connect_timeout))))
     conn = psycopg.connect(**params, autocommit=autocommit)
+    if not prepared_statements:
+        conn.prepare_threshold = None
     kombu_json_setup(conn)
     return conn
 
@@ -162,11 +171,20 @@ def kombu_json_setup(conn: psycopg.Connection[Any]) -> None:
 class Store:
     """One database session (autocommit) and the named queries that run on it. Thread-safe."""
 
-    def __init__(self, dsn: str, *, schema: str, role: str = "command", connect_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str,
+        role: str = "command",
+        connect_timeout: float = 10.0,
+        prepared_statements: bool = True,
+    ) -> None:
         self.dsn = dsn
         self.schema = schema
         self.role = role
         self.connect_timeout = connect_timeout
+        self.prepared_statements = prepared_statements
         self.channel = notify_channel(schema)
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.RLock()
@@ -182,7 +200,12 @@ class Store:
             if self._conn is None or self._conn.closed or self._conn.broken:
                 self._drop()
                 try:
-                    self._conn = connect(self.dsn, role=self.role, connect_timeout=self.connect_timeout)
+                    self._conn = connect(
+                        self.dsn,
+                        role=self.role,
+                        connect_timeout=self.connect_timeout,
+                        prepared_statements=self.prepared_statements,
+                    )
                 except psycopg.Error as exc:
                     raise translate(exc, f"connecting to {mask_password(self.dsn)}", self.schema) from exc
             return self._conn
@@ -662,8 +685,9 @@ class Store:
 
 
 def notify_channel(schema: str) -> str:
-    """The NOTIFY channel of one schema (an identifier of at most 63 bytes)."""
-    return ("akadze." + schema)[:63]
+    """The NOTIFY channel of one schema: at most 63 bytes (pg_notify refuses longer ones, LISTEN would
+    truncate them), cut at a character boundary; the schema name may be multibyte."""
+    return ("akadze." + schema).encode("utf-8")[:63].decode("utf-8", "ignore")
 
 
 def _split(tags: Iterable[Tag]) -> tuple[list[int], list[int]]:

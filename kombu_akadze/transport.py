@@ -46,6 +46,8 @@ Transport Options
 * ``connect_timeout`` (float, default 10, seconds): new-connection timeout.
 * ``native_delay_threshold`` (float, default 60, seconds): far ETAs wait in the database.
 * ``max_message_size`` (int, default 0 = no limit, bytes): largest body accepted.
+* ``prepared_statements`` (bool, default ``True``): psycopg's server-side prepared statements
+  (off behind PgBouncer transaction pooling older than 1.21).
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ class Channel(ExchangeMixin, virtual.Channel):
 
     @property
     def store(self) -> Store:
+        if self.connection is None:
+            raise _closed_channel()
         return self.connection.store
 
     @property
@@ -102,6 +106,8 @@ class Channel(ExchangeMixin, virtual.Channel):
     _batch: list[tuple[str, str, NewMessage]] | None = None
 
     def basic_publish(self, message: dict[str, Any], exchange: str, routing_key: str, **kwargs: Any) -> None:
+        if self.connection is None:
+            raise _closed_channel()
         self._inplace_augment_message(message, exchange, routing_key)
         if self._batch is not None:
             self._batch.append((exchange or "", routing_key, self._new_message(routing_key, message)))
@@ -142,7 +148,7 @@ class Channel(ExchangeMixin, virtual.Channel):
             priority=self._get_message_priority(message),
             content_type=message.get("content-type"),
             content_encoding=message.get("content-encoding"),
-            headers=dict(message.get("headers") or {}),
+            headers=_storable_headers(message.get("headers") or {}),
             properties=properties,
             ttl=milliseconds(properties, "expiration") if expiration is not None else None,
             not_before=self._native_delay(message),
@@ -193,6 +199,13 @@ class Channel(ExchangeMixin, virtual.Channel):
         self.connection.declared.clear()
         return self.store.queue_delete(name=queue)
 
+    def after_reply_message_received(self, queue: str) -> None:
+        """kombu drops a reply queue once its replies are in (inspect, ping): write the buffered outcomes
+        of those no_ack deliveries first, or their rows go with the queue and every ack "changed nothing"."""
+        if self._qos is not None:
+            self._qos.flush()
+        super().after_reply_message_received(queue)
+
     def basic_qos(self, prefetch_size: int = 0, prefetch_count: int = 0, apply_global: bool = False) -> None:
         """A wider window (Celery widens it for every ETA task it holds) may be filled at once."""
         super().basic_qos(prefetch_size, prefetch_count, apply_global)
@@ -200,8 +213,24 @@ class Channel(ExchangeMixin, virtual.Channel):
 
     def basic_consume(self, queue: str, no_ack: bool, callback: Any, consumer_tag: str, **kwargs: Any) -> Any:
         result = super().basic_consume(queue, no_ack, callback, consumer_tag, **kwargs)
+        if no_ack:
+            # kombu tracks (and so acks) only deliveries of ack-mode consumers: without this the row of a
+            # no_ack delivery (Celery's pidbox) stayed held, and was rescued and replayed once its worker left.
+            deliver = self.connection._callbacks[queue]
+
+            def forget_then_deliver(raw_message: dict[str, Any]) -> Any:
+                self.qos.forget(raw_message["properties"]["delivery_tag"])
+                return deliver(raw_message)
+
+            self.connection._callbacks[queue] = forget_then_deliver
         self.store.queue_touch(queues=[queue])
         return result
+
+    def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:
+        message = super().basic_get(queue, no_ack, **kwargs)
+        if message is not None and no_ack:
+            self.qos.forget(message.delivery_tag)  # as basic_consume: a no_ack delivery is not held
+        return message
 
     def close(self) -> None:
         """Buffered (claimed, not yet delivered) messages go back first; then kombu restores the unacked."""
@@ -217,6 +246,31 @@ class Channel(ExchangeMixin, virtual.Channel):
 
     def _restore_at_beginning(self, message: Any) -> None:
         self._restore(message)
+
+
+#: Celery's display copies of a task's arguments; its saferepr keeps a NUL character as it is.
+_REPR_HEADERS = ("argsrepr", "kwargsrepr")
+
+
+def _storable_headers(headers: dict[str, Any]) -> dict[str, Any]:
+    """Headers as stored (jsonb, which cannot hold U+0000): a NUL in argsrepr/kwargsrepr, display text
+    only, is written as the escape \\x00 (the arguments themselves travel intact in the body); a NUL in
+    any other header is refused at publish with the database's error."""
+    out = dict(headers)
+    for key in _REPR_HEADERS:
+        value = out.get(key)
+        if isinstance(value, str) and "\x00" in value:
+            out[key] = value.replace("\x00", "\\x00")
+    return out
+
+
+def _closed_channel() -> KombuConnectionError:
+    """The error of a channel kombu closed after a lost connection (its connection is None): a connection
+    error, so kombu's retry (ensure) reconnects and revives the producer on a new channel."""
+    return KombuConnectionError(
+        "kombu-akadze: this channel was closed when its connection was lost; publish on a new channel "
+        "(kombu's retry=True, and Celery, reconnect and do that)"
+    )
 
 
 def _parse_eta(value: Any) -> datetime | None:
@@ -292,7 +346,13 @@ class Transport(virtual.Transport):
         )
 
     def _new_store(self, role: str) -> Store:
-        return Store(self.dsn, schema=self.options.schema, role=role, connect_timeout=self.options.connect_timeout)
+        return Store(
+            self.dsn,
+            schema=self.options.schema,
+            role=role,
+            connect_timeout=self.options.connect_timeout,
+            prepared_statements=self.options.prepared_statements,
+        )
 
     def establish_connection(self) -> Any:
         migrate.ensure(

@@ -350,3 +350,23 @@ def test_a_draining_consumer_writes_its_acks_in_batches(make_connection: Any, st
     assert sum(calls) == 301
     assert len(calls) < 301 / 10, calls  # batched: far fewer statements than acks
     consumer.cancel()
+
+
+def test_a_no_ack_delivery_deletes_its_row_and_takes_no_prefetch_slot(make_connection: Any, store: Store) -> None:
+    """As RabbitMQ forgets a message it sends to a no_ack consumer (Celery's pidbox): nothing stays held to be
+    rescued and replayed once the consumer is gone."""
+    conn = make_connection()
+    queue = Queue("noack")
+    for i in range(3):
+        conn.Producer().publish({"i": i}, routing_key="noack", declare=[queue])
+    got: list[kombu.Message] = []
+    consumer = conn.Consumer([queue], callbacks=[lambda body, msg: got.append(msg)], accept=["json"], no_ack=True)
+    consumer.qos(prefetch_count=1)
+    consumer.consume()
+    drain_until(conn, lambda: len(got) == 2)
+    eventually(lambda: store.message_counts() == {("noack", "ready"): 1}, timeout=10, what="delivered rows deleted")
+    assert conn.default_channel.basic_get("noack", no_ack=True).payload == {"i": 2}
+    eventually(lambda: store.message_counts() == {}, timeout=10, what="a no_ack basic_get deletes its row too")
+    consumer.cancel()
+    conn.release()
+    assert store.message_counts() == {}, "nothing released back at close: nothing was held"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from kombu_akadze import sqlfiles
@@ -107,3 +109,15 @@ def test_identifiers_are_quoted_as_data() -> None:
     assert sqlfiles.quote_ident('we"ird; DROP TABLE x') == '"we""ird; DROP TABLE x"'
     with pytest.raises(ValueError, match="NUL"):
         sqlfiles.quote_ident("a\x00b")
+
+
+def test_a_rescue_that_only_forgot_silent_consumers_is_info_not_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """A `celery inspect` that exits without closing its connection leaves a consumer row that holds nothing:
+    forgetting it is routine; messages moved by a rescue are still a warning."""
+    from kombu_akadze import rescue
+
+    quiet = dict.fromkeys(("requeued", "dead", "consumers_gone", "queues", "dropped", "expired", "buried"), 0)
+    with caplog.at_level(logging.INFO, logger="kombu_akadze"):
+        rescue.report({**quiet, "consumers_gone": 1}, ttl=30)
+        rescue.report({**quiet, "consumers_gone": 1, "requeued": 2}, ttl=30)
+    assert [r.levelno for r in caplog.records] == [logging.INFO, logging.WARNING]
