@@ -1,0 +1,111 @@
+"""Primary/standby failover under load: a second throwaway PostgreSQL streams from the primary as a
+synchronous standby (pg_basebackup -R); the primary crashes (`pg_ctl stop -m immediate`) and the
+standby is promoted. Workers and producer use one multi-host URL (host=a,b with
+target_session_attrs=read-write) and follow by themselves; nothing that was acknowledged is lost."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kombu_akadze import migrate
+from kombu_akadze.store import Store
+
+from .checker import Ledgers, verdict
+from .conftest import SCHEMA, Faults, Stream, _faults
+from .pgserver import HOST, PgServer
+
+OPTIONS = {"heartbeat_interval": 1.0, "heartbeat_ttl": 10.0, "rescue_interval": 1.0}
+STANDBY = "standby1"  # the name in faults.sql's synchronous_standby_names
+
+
+@pytest.fixture
+def pair(
+    pg_server: PgServer, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[Faults, PgServer, PgServer]]:
+    """(faults on the multi-host URL, primary, synchronous standby), schema migrated on the primary."""
+    primary = pg_server
+    migrate.apply(primary.url(), SCHEMA)
+    standby = PgServer().init_standby_of(primary, name=STANDBY)
+    try:
+        standby.start()
+        primary.execute("sync_standby_set")
+        primary.execute("reload")
+        url = f"postgresql://postgres@{HOST}:{primary.port},{HOST}:{standby.port}/postgres"
+        url += "?target_session_attrs=read-write"
+        store = Store(url, schema=SCHEMA, role="test")
+        try:
+            for faults in _faults(url, SCHEMA, store, tmp_path, request, primary):
+                yield faults, primary, standby
+        finally:
+            store.close()
+            migrate.forget_checks()
+    finally:
+        standby.destroy()
+
+
+def _first_start_after(ledgers: Ledgers, worker: str, after: float) -> float | None:
+    for run in ledgers.runs():
+        if run.event == "start" and run.source.startswith(f"ledger-{worker}-") and run.at > after:
+            return run.at
+    return None
+
+
+@pytest.mark.slow
+def test_failover_to_a_synchronous_standby_loses_nothing_acknowledged(
+    pair: tuple[Faults, PgServer, PgServer],
+) -> None:
+    faults, primary, standby = pair
+    faults.options = OPTIONS
+    faults.until(
+        lambda: primary.execute("replication_state") == [(STANDBY, "streaming", "sync")],
+        timeout=60,
+        what="the standby streams synchronously",
+    )
+    workers = {name: faults.start_worker(name, concurrency=2) for name in ("a", "b")}
+    pids = {name: w.pid for name, w in workers.items()}
+    producer = Stream(faults, rate=40.0)
+    producer.start()
+    faults.until(lambda: len(faults.ledgers.done()) >= 100, timeout=120, what="tasks flow on the primary")
+
+    in_flight = faults.held_ids()
+    primary.stop("immediate")  # the primary is gone for good: never started again (no split brain)
+    failed_at = time.time()
+    standby.promote()
+    faults.server = standby
+    promoted = time.time()
+    in_flight |= faults.held_ids()  # what the crash left held (replicated synchronously)
+    for name in workers:
+        faults.until(
+            lambda name=name: _first_start_after(faults.ledgers, name, promoted),
+            timeout=90,
+            interval=0.2,
+            what=f"worker {name} follows to the promoted standby",
+        )
+    resumed = max(_first_start_after(faults.ledgers, name, promoted) or promoted for name in workers)
+    more = len(producer.published) + 100
+    faults.until(lambda: len(producer.published) >= more, timeout=60, what="the producer follows too")
+
+    published = producer.finish()
+    faults.until(lambda: faults.ledgers.all_done(published), timeout=180, interval=0.5, what="every task completed")
+    faults.until(lambda: faults.queued() == 0, timeout=60, interval=0.2, what="every message acked")
+    result = verdict(
+        "failover to a synchronous standby (promote)",
+        injected=f"1 primary crash + promotion, {len(in_flight)} messages in flight",
+        published=published,
+        ledgers=faults.ledgers,
+        recovery=resumed - failed_at,
+    )
+    print(f"promotion took {promoted - failed_at:.2f} s; publishes that raised and were retried: {producer.errors}")
+    assert standby.execute("in_recovery") == [(False,)]
+    assert result.lost == 0, "a publish the producer saw succeed is gone after the failover"
+    assert result.completed == len(published)
+    runs_of = faults.ledgers.done()
+    twice = {r.message_id for r in faults.ledgers.runs() if r.event == "done" and runs_of[r.n] > 1}
+    assert twice <= in_flight, f"run twice though not in flight at the crash: {sorted(twice - in_flight)}"
+    for name, worker in workers.items():
+        assert worker.alive, f"worker {name} exited"
+        assert worker.pid == pids[name], f"worker {name} was restarted"
