@@ -29,6 +29,8 @@ def test_a_far_countdown_waits_in_the_database_then_runs_once_on_time(cluster: C
     done_at = datetime.now(UTC)
     assert done_at >= eta - timedelta(seconds=0.5), "ran before its ETA"
     print(f"\nnative delay: ran {(done_at - eta).total_seconds():.2f} s after its ETA")
+    # The task records before it returns; the worker acks after: wait for the ack, do not race it.
+    eventually(lambda: cluster.queue_rows() == 0, timeout=30, what="the delayed task's message acked")
     tally = cluster.tally([1], injected="none (countdown beyond native_delay_threshold)")
     assert tally == Tally(sent=1, completed=1, duplicated=0, queued=0, lost=0)
 
