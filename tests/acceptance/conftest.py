@@ -219,3 +219,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         for worker in item.stash.get(_WORKERS, []):
             report.sections.append((f"worker {worker.name} (pid {worker.pid}) log", worker.output()))
     return report
+
+
+@pytest.fixture
+def sem(cluster: Cluster) -> Any:
+    """The cluster of a worker-semantics test: workers of tests/acceptance/semantics_app.py, a JSON ledger."""
+    from .semantics import Semantics  # imports this module: late, to keep the import order one-way
+
+    ledger = cluster.tmp_path / "semantics-ledger.jsonl"
+    ledger.touch()
+    return Semantics(cluster, ledger)
