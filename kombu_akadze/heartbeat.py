@@ -46,6 +46,8 @@ class Heartbeat:
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
         self.on_beat: Callable[[], None] | None = None
+        #: Called after every attempt, successful or not (the owner may stop an idle heartbeat there).
+        self.on_tick: Callable[[], None] | None = None
 
     @property
     def running(self) -> bool:
@@ -132,6 +134,8 @@ class Heartbeat:
             else:
                 ok = self.beat()
             failures = 0 if ok else failures + 1
+            if self.on_tick is not None:
+                self.on_tick()
             # After a failure retry sooner (backoff from 0.25 s), never later than the interval.
             delay = self.interval if failures == 0 else min(self.interval, 0.25 * 2 ** min(failures, 5))
             if self._stop.wait(delay):

@@ -315,6 +315,7 @@ class Transport(virtual.Transport):
         self._heartbeat: Heartbeat | None = None
         self._listener: Listener | None = None
         self._consumer_lock = threading.Lock()
+        self._claims_in_flight = 0  # guarded by _consumer_lock: an idle heartbeat stops only between claims
         self._rotation = 0
         self._driver: HubDriver | None = None
         self._draining = False  # set once drain_events runs: outcomes may then wait for its flush
@@ -474,6 +475,7 @@ class Transport(virtual.Transport):
                 queues=self.consumed_queues,
             )
             heartbeat.on_beat = self._flush_from_heartbeat
+            heartbeat.on_tick = lambda: self._stop_if_idle(heartbeat)
             heartbeat.start()
             self._heartbeat = heartbeat
             if self._listener is None:
@@ -484,8 +486,42 @@ class Transport(virtual.Transport):
         if self._draining:
             self.flush_outcomes()
 
+    def _holds_nothing(self) -> bool:
+        """No queue consumed, no message claimed and unsettled, no outcome waiting to be written."""
+        if self.consumed_queues() or self.deliverer.buffered():
+            return False
+        for channel in list(self.channels):
+            qos = channel._qos
+            if qos is not None and (len(qos._delivered) > len(qos._dirty) or qos.pending):
+                return False
+        return True
+
+    def _stop_if_idle(self, heartbeat: Heartbeat) -> None:
+        """A connection whose consumers were all cancelled (a Celery client after `inspect`, returned to
+        its pool and never closed: Celery's app.close() only drops the pool) has no lease to keep: its
+        heartbeat stops and its consumer row goes, instead of beating until the process exits. The next
+        claim starts both again. Runs on the heartbeat thread after every beat, landed or failed (the
+        database may be gone for good); never while a claim is in flight."""
+        if not self._consumer_lock.acquire(blocking=False):
+            return  # a claim or _ensure_consumer (whose first beat lands here) holds it: not idle
+        try:
+            if self._heartbeat is not heartbeat or self._claims_in_flight or self._driver is not None:
+                return
+            if not self._holds_nothing():
+                return
+            self._heartbeat = None
+        finally:
+            self._consumer_lock.release()
+        try:  # on the heartbeat's own session, which stop() closes: the command session may be closed by now
+            heartbeat.store.consumer_delete(consumer_id=self.consumer_id)
+        except AkadzeError as exc:
+            logger.info("kombu-akadze: could not remove idle consumer %s: %s", self.consumer_id, exc)
+        finally:
+            heartbeat.stop()
+
     def _stop_consumer(self) -> None:
-        heartbeat, self._heartbeat = self._heartbeat, None
+        with self._consumer_lock:  # exactly one of this and _stop_if_idle takes the heartbeat
+            heartbeat, self._heartbeat = self._heartbeat, None
         listener, self._listener = self._listener, None
         if listener is not None:
             listener.close()
@@ -509,6 +545,15 @@ class Transport(virtual.Transport):
 
     def claim(self, queues: list[str], limits: list[int]) -> list[ClaimedMessage]:
         """Claim, carrying the buffered acks of every channel in the same statement (one round trip)."""
+        with self._consumer_lock:
+            self._claims_in_flight += 1
+        try:
+            return self._claim(queues, limits)
+        finally:
+            with self._consumer_lock:
+                self._claims_in_flight -= 1
+
+    def _claim(self, queues: list[str], limits: list[int]) -> list[ClaimedMessage]:
         self._ensure_consumer()
         heartbeat = self._heartbeat
         if heartbeat is not None and not heartbeat.healthy():

@@ -84,10 +84,10 @@ def test_pool_delivers_acks_late_and_keeps_the_lease_of_a_task_longer_than_the_t
 def test_cpu_bound_task_holding_the_gil_in_a_prefork_child_for_3_ttls_runs_exactly_once(sem: Semantics) -> None:
     app = sem.producer()
     a = sem.start_consuming("a", concurrency=1)
-    sem.start_consuming("b")  # stands by to rescue
     seconds, chunk = 3 * TTL, TTL + 0.5  # each GIL-holding call outlasts the TTL on its own
     sem.send(app, "sem.spin", 1, seconds, chunk)
     eventually(lambda: sem.starts(1), timeout=60, what="a starts the CPU-bound task")
+    sem.start_consuming("b")  # then b stands by, ready to rescue should a's lease lapse
     ages: list[float] = []
     spun = eventually(
         _watching_heartbeat(sem, a.pid, ages, lambda: sem.events("spun", 1)),

@@ -16,3 +16,7 @@ INSERT INTO {schema}.schema_version (version, name) VALUES (99, 'future');
 -- name: analyze_messages
 -- Fresh planner statistics for the messages table.
 ANALYZE {schema}.messages;
+
+-- name: consumer_count
+-- How many consumers are registered (alive or not yet rescued).
+SELECT count(*) FROM {schema}.consumers;
