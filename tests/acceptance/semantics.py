@@ -14,12 +14,14 @@ from typing import Any, TypeVar
 
 import psycopg
 from celery import Celery
-from psycopg import sql
 
+from kombu_akadze import sqlfiles
 from kombu_akadze.testing import eventually
 
 from . import semantics_app
 from .conftest import CELERY, ROOT, STOP_TIMEOUT, Cluster, Worker
+
+SQL = sqlfiles.parse_blocks(Path(__file__).with_name("semantics.sql").read_text(encoding="utf-8"))
 
 T = TypeVar("T")
 
@@ -178,18 +180,11 @@ class Semantics:
 
     def messages(self) -> list[dict[str, Any]]:
         """Every row of the messages table, with the Celery task id from its headers."""
-        query = sql.SQL(
-            "SELECT id, queue, state, owner, run_count, attempts, headers->>'id' AS task_id, claimed_at,"
-            " extract(epoch FROM available_at - now())::float8 AS due_in FROM {}.messages ORDER BY id"
-        ).format(sql.Identifier(self.cluster.schema))
-        return self._fetch(query)
+        return self._fetch("messages")
 
     def consumers(self) -> list[dict[str, Any]]:
         """Registered consumers and the age of their last heartbeat, in seconds (database clock)."""
-        query = sql.SQL(
-            "SELECT id, pid, heartbeat_at, extract(epoch FROM now() - heartbeat_at)::float8 AS age FROM {}.consumers"
-        ).format(sql.Identifier(self.cluster.schema))
-        return self._fetch(query)
+        return self._fetch("consumers")
 
     def dead(self) -> list[dict[str, Any]]:
         """Dead letters with the Celery task id from their headers."""
@@ -205,7 +200,8 @@ class Semantics:
         by_id = {m["task_id"]: m for m in self.messages()}
         return {k: by_id[t] for k, t in self.task_ids.items() if t in by_id}
 
-    def _fetch(self, query: sql.Composed) -> list[dict[str, Any]]:
+    def _fetch(self, name: str) -> list[dict[str, Any]]:
+        query = SQL[name].replace("{schema}", sqlfiles.quote_ident(self.cluster.schema))
         with psycopg.connect(self.cluster.pg_url, autocommit=True) as conn, conn.cursor() as cur:
             cur.execute(query)
             names = [c.name for c in cur.description or []]

@@ -20,3 +20,7 @@ ANALYZE {schema}.messages;
 -- name: consumer_count
 -- How many consumers are registered (alive or not yet rescued).
 SELECT count(*) FROM {schema}.consumers;
+
+-- name: prepared_count
+-- How many statements this session has prepared server-side.
+SELECT count(*) FROM pg_prepared_statements;

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+
+from kombu_akadze import sqlfiles
+
+SQL = sqlfiles.parse_blocks(Path(__file__).with_name("inspect.sql").read_text())
 
 
 def _round_trip(conn: Any, queue: str, n: int) -> list[int]:
@@ -23,7 +28,7 @@ def _round_trip(conn: Any, queue: str, n: int) -> list[int]:
 def _prepared_in_session(conn: Any) -> int:
     store = conn.default_channel.connection.store  # the transport's command session
     with store.connection().cursor() as cur:
-        cur.execute("SELECT count(*) FROM pg_prepared_statements", prepare=False)
+        cur.execute(SQL["prepared_count"], prepare=False)
         row = cur.fetchone()
     assert row is not None
     return int(row[0])
