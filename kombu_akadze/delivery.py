@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from kombu_akadze.errors import AkadzeError
@@ -68,6 +69,18 @@ def rotate(items: list[str], by: int) -> list[str]:
     return items[k:] + items[:k]
 
 
+@dataclass
+class Round:
+    """One claim round's plan: slots per queue, the channel each queue's messages go to."""
+
+    wanted: dict[str, int] = field(default_factory=dict)
+    owner_of: dict[str, Any] = field(default_factory=dict)
+    #: Some channel's window was full: a claim as soon as a slot frees may find more.
+    more: bool = False
+    #: Some queue got no slot this round (fewer free slots than queues).
+    left_out: bool = False
+
+
 class Deliverer:
     """Owns the claim-buffer-deliver cycle of one transport (one kombu connection)."""
 
@@ -93,43 +106,49 @@ class Deliverer:
     def buffered(self) -> int:
         return sum(len(buffer_of(c)) for c in self.channels())
 
-    def claim_round(self) -> tuple[int, bool]:
-        """One claim statement for every consuming channel, up to each one's free slots, fair between
-        queues. Returns (claimed, more): *more* when some claim filled its slots or some channel's
-        window was full, i.e. a claim as soon as a slot frees may find more."""
-        wanted: dict[str, int] = {}
-        owner_of: dict[str, Any] = {}
-        more = False
-        left_out = False  # queues that got no slot this round (fewer free slots than queues)
+    def plan_round(self) -> Round:
+        """What one claim statement should ask for: every consuming channel's free slots, shared fairly
+        between its queues (rotated each round). Writes the buffered burials and requeues first; acks
+        are left to ride along in the claim statement."""
+        plan = Round()
         for channel in self.channels():
-            channel.qos.flush(("bury", "requeue"))  # acks ride along in the claim statement
+            channel.qos.flush(("bury", "requeue"))
             if not channel._consumers:
                 continue
             free = free_slots(channel, self.claim_batch)
             if free <= 0:
-                more = True
+                plan.more = True
                 continue
             queues = rotate(list(dict.fromkeys(channel._active_queues)), self._rotation)
             for queue, n in zip(queues, split_slots(free, len(queues)), strict=True):
                 if n <= 0:
-                    left_out = True
-                elif queue not in wanted:
-                    wanted[queue] = n
-                    owner_of[queue] = channel
+                    plan.left_out = True
+                elif queue not in plan.wanted:
+                    plan.wanted[queue] = n
+                    plan.owner_of[queue] = channel
         self._rotation += 1
-        if not wanted:
-            for channel in self.channels():
-                channel.qos.flush(("ack",))  # no claim to carry them: write the acks on their own
-            return 0, more
-        claimed = self.claim(list(wanted), list(wanted.values()))
+        return plan
+
+    def finish_round(self, plan: Round, claimed: list[ClaimedMessage]) -> tuple[int, bool]:
+        """Buffer what the claim of *plan* got. Returns (claimed, more): *more* when some claim filled
+        its slots or some channel's window was full, i.e. a claim as soon as a slot frees may find more."""
         got: dict[str, int] = {}
         for message in claimed:
-            buffer_of(owner_of[message.queue]).append(message)
+            buffer_of(plan.owner_of[message.queue]).append(message)
             got[message.queue] = got.get(message.queue, 0) + 1
-        more = more or any(got.get(q, 0) >= n for q, n in wanted.items())
+        more = plan.more or any(got.get(q, 0) >= n for q, n in plan.wanted.items())
         # Slots left free while some queue was not asked: the next round (rotated) asks it at once.
-        more = more or (left_out and len(claimed) < sum(wanted.values()))
+        more = more or (plan.left_out and len(claimed) < sum(plan.wanted.values()))
         return len(claimed), more
+
+    def claim_round(self) -> tuple[int, bool]:
+        """One claim statement, on the caller's thread, for every consuming channel (see plan_round)."""
+        plan = self.plan_round()
+        if not plan.wanted:
+            for channel in self.channels():
+                channel.qos.flush(("ack",))  # no claim to carry them: write the acks on their own
+            return 0, plan.more
+        return self.finish_round(plan, self.claim(list(plan.wanted), list(plan.wanted.values())))
 
     def deliver_one(self) -> bool:
         """Hand one buffered message to its consumer; False when nothing was buffered."""

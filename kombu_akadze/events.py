@@ -9,7 +9,7 @@ import random
 import select
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from kombu_akadze.errors import AkadzeError
 from kombu_akadze.store import Store
@@ -42,10 +42,14 @@ class Waker:
             os.write(self._w, b"!")
 
     def drain(self) -> None:
-        self._pending = False
+        # Read first, clear after: cleared first, a wake() from another thread in between could set
+        # the flag and have its byte read here, and every later wake() would skip its write. The
+        # caller looks at the state it was woken for after drain(), so a wake() skipped meanwhile
+        # loses nothing.
         with contextlib.suppress(BlockingIOError):
             while os.read(self._r, 512):
                 pass
+        self._pending = False
 
     def close(self) -> None:
         for fd in (self._r, self._w):
@@ -115,19 +119,33 @@ class Listener:
         self.store.close()
 
 
+class Claims(Protocol):
+    """The transport's event-loop claims: one statement at a time, run off the loop (see Claimer)."""
+
+    def start_claim(self, *, claim: bool) -> bool | None: ...
+    def claim_done(self) -> bool: ...
+    def finish_claim(self) -> bool: ...
+    def settle_claim(self, timeout: float) -> None: ...
+
+
+#: How long a stop waits for the claim statement in flight, so what it claims goes back in place.
+SETTLE_TIMEOUT = 30.0
+
+
 class HubDriver:
     """Celery's event loop (kombu hub) drives consumption: LISTEN socket readable -> claim; a jittered
-    safety poll re-arms LISTEN and claims anyway; acks of one tick are flushed together, then a claim."""
+    safety poll re-arms LISTEN and claims anyway. The claim statement (which also writes the acks of
+    the ticks since the last one) runs on the claimer thread, one at a time, so the loop keeps handing
+    results and tasks to the pool meanwhile; its completion wakes the loop like a NOTIFY does."""
 
     def __init__(
         self,
         *,
         hub: Any,
         listener: Listener,
-        claim_round: Callable[[], bool],
+        claims: Claims,
         deliver_one: Callable[[], bool],
         has_free_slot: Callable[[], bool],
-        flush_outcomes: Callable[[], None],
         poll_interval: float,
         listen_poll_interval: float,
         waker: Waker,
@@ -136,10 +154,9 @@ class HubDriver:
         self.hub = hub
         self.waker = waker
         self.listener = listener
-        self.claim_round = claim_round
+        self.claims_of = claims
         self.deliver_one = deliver_one
         self.has_free_slot = has_free_slot
-        self.flush_outcomes = flush_outcomes
         self.poll_interval = poll_interval
         self.listen_poll_interval = listen_poll_interval
         self.check = check
@@ -147,13 +164,15 @@ class HubDriver:
         self._registered_session = 0
         self._timer: Any = None
         self._stopped = False
+        self._in_flight = False
         #: Whether a claim could find something: set by wake-ups, the poll and full claims;
-        #: cleared by a claim that got less than it asked, so acks alone cost no empty claims.
+        #: cleared when a claim is sent, so acks alone cost no empty claims. A wake-up that arrives
+        #: while a claim is in flight sets it again: that claim's snapshot may predate the message.
         self.maybe_ready = True
         self.claims = 0
 
     def start(self) -> None:
-        # The waker is a reader of the hub: wake() from a pool-result callback, another thread or
+        # The waker is a reader of the hub: wake() from a pool-result callback, the claimer thread or
         # this driver itself makes the hub's next poll return at once, never after a poll timeout.
         self.hub.add_reader(self.waker.fileno(), self._on_wake)
         self._arm()
@@ -173,9 +192,12 @@ class HubDriver:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._in_flight:
+            self._in_flight = False
+            self.claims_of.settle_claim(SETTLE_TIMEOUT)
 
     def wake(self, *, ready: bool = False) -> None:
-        """Flush outcomes and (if anything may be ready) claim at the end of this tick; calls coalesce."""
+        """Write outcomes and (if anything may be ready) claim at the end of this tick; calls coalesce."""
         if ready:
             self.maybe_ready = True
         if self._stopped:
@@ -186,16 +208,26 @@ class HubDriver:
         self.waker.drain()
         if self._stopped:
             return
+        if self._in_flight and self.claims_of.claim_done():
+            self._in_flight = False
+            more = self.claims_of.finish_claim()  # raises a connection error: Celery reconnects
+            self.maybe_ready = self.maybe_ready or more
         # One message per loop iteration, so Celery can stop (warm shutdown) between two of them.
         if self.deliver_one():
             self.wake()
             return
-        if not self.maybe_ready or not self.has_free_slot():
-            self.flush_outcomes()
+        if self._in_flight:
+            return  # its completion wakes the loop; the acks meanwhile ride with the next claim
+        claim = self.maybe_ready and self.has_free_slot()
+        started = self.claims_of.start_claim(claim=claim)
+        if started is not None:
+            if claim:
+                self.maybe_ready = started  # nothing to claim: more only if some window was full
             return
-        self.claims += 1
-        self.maybe_ready = self.claim_round()  # writes the tick's acks in the same statement
-        self.wake()  # deliver what was claimed; claim again at once if the claim filled every slot
+        self._in_flight = True
+        if claim:
+            self.claims += 1
+            self.maybe_ready = False
 
     def _arm(self) -> None:
         fd = self.listener.arm()

@@ -69,7 +69,8 @@ from kombu.transport import virtual
 from kombu.utils.objects import cached_property
 
 from kombu_akadze import embedded, migrate
-from kombu_akadze.delivery import Deliverer, payload_of
+from kombu_akadze.claimer import Claimer
+from kombu_akadze.delivery import Deliverer, Round, payload_of
 from kombu_akadze.errors import AkadzeError, MessageTooLargeError, QueueFullError, TransientDatabaseError
 from kombu_akadze.events import HubDriver, Listener, Waker, jittered
 from kombu_akadze.exchanges import ExchangeMixin, milliseconds
@@ -264,6 +265,10 @@ def _storable_headers(headers: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _tags_of(taken: list[tuple[QoS, list[str]]]) -> list[tuple[int, int]]:
+    return [parse_tag(d) for _, dtags in taken for d in dtags]
+
+
 def _closed_channel() -> KombuConnectionError:
     """The error of a channel kombu closed after a lost connection (its connection is None): a connection
     error, so kombu's retry (ensure) reconnects and revives the producer on a new channel."""
@@ -318,6 +323,8 @@ class Transport(virtual.Transport):
         self._claims_in_flight = 0  # guarded by _consumer_lock: an idle heartbeat stops only between claims
         self._rotation = 0
         self._driver: HubDriver | None = None
+        #: The claim round the claimer thread runs now, and the acks riding in it (event-loop path).
+        self._pending_claim: tuple[Round, list[tuple[QoS, list[str]]]] | None = None
         self._draining = False  # set once drain_events runs: outcomes may then wait for its flush
         self.waker = Waker()
         #: exchange -> monotonic time until which it is known to have no bound queue (events only).
@@ -374,10 +381,9 @@ class Transport(virtual.Transport):
         self._driver = HubDriver(
             hub=loop,
             listener=self._listener,
-            claim_round=lambda: self.deliverer.claim_round()[1],
+            claims=self,
             deliver_one=self.deliverer.deliver_one,
             has_free_slot=self.deliverer.has_free_slot,
-            flush_outcomes=self.flush_outcomes,
             poll_interval=self.options.poll_interval,
             listen_poll_interval=self.options.listen_poll_interval,
             waker=self.waker,
@@ -544,34 +550,112 @@ class Transport(virtual.Transport):
             )
 
     def claim(self, queues: list[str], limits: list[int]) -> list[ClaimedMessage]:
-        """Claim, carrying the buffered acks of every channel in the same statement (one round trip)."""
+        """Claim on this thread, carrying the buffered acks of every channel (one round trip)."""
+        if not self._may_claim():
+            return []
+        taken = self._take_acks()
         with self._consumer_lock:
             self._claims_in_flight += 1
         try:
-            return self._claim(queues, limits)
+            claimed, done = self.store.message_ack_claim(
+                acks=_tags_of(taken), queues=queues, limits=limits, owner=self.consumer_id
+            )
+        except AkadzeError:
+            self._acks_failed(taken)  # still ours to write: retried with the next claim or flush
+            raise
         finally:
             with self._consumer_lock:
                 self._claims_in_flight -= 1
+        self._acks_written(taken, done)
+        return claimed
 
-    def _claim(self, queues: list[str], limits: list[int]) -> list[ClaimedMessage]:
+    def start_claim(self, *, claim: bool) -> bool | None:
+        """Event-loop path: submit the next ack+claim statement to the claimer thread and return None;
+        or, when there is nothing to write or claim, return at once whether more may be ready.
+        *claim* False writes outcomes only. finish_claim() collects the statement's result."""
+        if self._pending_claim is not None:
+            raise RuntimeError("a claim is already in flight")
+        if claim:
+            plan = self.deliverer.plan_round()
+        else:
+            self.flush_outcomes(kinds=("bury", "requeue"))
+            plan = Round()
+        taken = self._take_acks()
+        if plan.wanted and not self._may_claim():
+            plan = Round()
+        if not plan.wanted and not taken:
+            return plan.more
+        queues, limits = list(plan.wanted), list(plan.wanted.values())
+        acks = _tags_of(taken)
+        with self._consumer_lock:
+            self._claims_in_flight += 1
+        self._pending_claim = (plan, taken)
+        self.claimer.submit(
+            lambda: self.store.message_ack_claim(acks=acks, queues=queues, limits=limits, owner=self.consumer_id)
+        )
+        return None
+
+    def claim_done(self) -> bool:
+        return self._pending_claim is not None and self.claimer.done()
+
+    def finish_claim(self) -> bool:
+        """Collect the statement start_claim() submitted (it must be done): buffer the claimed messages,
+        report the acks; returns whether more may be ready. Raises what the statement raised."""
+        pending, self._pending_claim = self._pending_claim, None
+        if pending is None:
+            return False
+        plan, taken = pending
+        try:
+            claimed, done = self.claimer.collect()
+        except AkadzeError:
+            self._acks_failed(taken)
+            raise
+        finally:
+            with self._consumer_lock:
+                self._claims_in_flight -= 1
+        self._acks_written(taken, done)
+        return self.deliverer.finish_round(plan, claimed)[1]
+
+    def settle_claim(self, timeout: float) -> None:
+        """At stop: wait for a statement in flight and buffer its messages, so closing the channel gives
+        them back in place (attempt not spent) instead of leaving them to rescue."""
+        if self._pending_claim is None:
+            return
+        if not self.claimer.wait(timeout):
+            logger.error(
+                "kombu-akadze: a claim was still running after %.0f s at stop; what it claims is rescued "
+                "after heartbeat_ttl",
+                timeout,
+            )
+            return
+        try:
+            self.finish_claim()
+        except AkadzeError as exc:
+            logger.warning("kombu-akadze: the last claim before stop failed: %s", exc)
+
+    @cached_property
+    def claimer(self) -> Claimer:
+        return Claimer(self.waker.wake)
+
+    def _may_claim(self) -> bool:
         self._ensure_consumer()
         heartbeat = self._heartbeat
-        if heartbeat is not None and not heartbeat.healthy():
-            return []  # our lease may already be rescued: claim nothing until a heartbeat lands
+        # Our lease may already be rescued while heartbeats fail: claim nothing until one lands.
+        return heartbeat is None or heartbeat.healthy()
+
+    def _take_acks(self) -> list[tuple[QoS, list[str]]]:
         taken = [(qos, qos.take_acks()) for c in list(self.channels) if (qos := c._qos) is not None]
-        taken = [(qos, dtags) for qos, dtags in taken if dtags]
-        acks = [parse_tag(d) for _, dtags in taken for d in dtags]
-        try:
-            claimed, done = self.store.message_ack_claim(
-                acks=acks, queues=queues, limits=limits, owner=self.consumer_id
-            )
-        except AkadzeError:
-            for qos, dtags in taken:
-                qos.acks_failed(dtags)  # still ours to write: retried with the next claim or flush
-            raise
+        return [(qos, dtags) for qos, dtags in taken if dtags]
+
+    @staticmethod
+    def _acks_failed(taken: list[tuple[QoS, list[str]]]) -> None:
+        for qos, dtags in taken:
+            qos.acks_failed(dtags)
+
+    @staticmethod
+    def _acks_written(taken: list[tuple[QoS, list[str]]], done: set[int]) -> None:
         for qos, dtags in taken:
             qos.acks_written(dtags, done)
-        return claimed
 
     # -- draining -----------------------------------------------------------
 

@@ -45,6 +45,20 @@ class _Hub:
         return None
 
 
+class _NoClaims:
+    def start_claim(self, *, claim: bool) -> bool | None:
+        return False
+
+    def claim_done(self) -> bool:
+        return False
+
+    def finish_claim(self) -> bool:
+        return False
+
+    def settle_claim(self, timeout: float) -> None:
+        pass
+
+
 class _ListenStore:
     """Every session it opens gets fd 42 again, as the kernel hands out the lowest free number."""
 
@@ -69,10 +83,9 @@ def test_a_relistened_socket_with_the_same_fd_number_is_registered_with_the_hub_
     driver = HubDriver(
         hub=hub,
         listener=listener,
-        claim_round=lambda: False,
+        claims=_NoClaims(),
         deliver_one=lambda: False,
         has_free_slot=lambda: False,
-        flush_outcomes=lambda: None,
         poll_interval=1.0,
         listen_poll_interval=10.0,
         waker=waker,
