@@ -12,6 +12,9 @@ from brokers import Broker
 from celery_level import Worker, purge
 from pgstats import Pg
 
+#: Seconds between the worker being ready and the idle window opening (see run()).
+STARTUP_SETTLE = 12.0
+
 
 def _delta(pg: Pg, use_statements: bool, seconds: float) -> tuple[int, float]:
     """How much the counter moved over *seconds*, including the sampler's own (constant) statements."""
@@ -45,7 +48,11 @@ def run(
         try:
             worker.start()
             worker.wait_ready()
-            time.sleep(2.0)  # past start-up: declares, first heartbeat, first claim
+            # Past start-up (declares, first heartbeat, first claim) and past PostgreSQL's own delay
+            # in reporting it: an idle session flushes its counters to pg_stat_database up to 10 s
+            # after its last transaction (PGSTAT_IDLE_INTERVAL), so a shorter wait counts start-up
+            # transactions as idle cost.
+            time.sleep(STARTUP_SETTLE)
             during = pg.client_sessions()
             count, secs = _delta(pg, use_statements, seconds)
             worker.check_alive()

@@ -260,7 +260,9 @@ METHOD = [
     "- c: on the prefetch x1 worker, once its batch is done: tasks sent at 20/s, each records "
     "time.time() at start minus the send time passed as its argument (same host clock), pushed to a Redis list.",
     "- d: in a scratch database of its own (created and dropped by the run), the activity counter is read "
-    "around 30 s of one idle worker (prefetch x4), minus what the sampler's own two reads add (measured over "
+    "around 30 s of one idle worker (prefetch x4), opened 12 s after the worker is ready (PostgreSQL reports an "
+    "idle session's transactions up to 10 s late, so an earlier window counts start-up), minus what the "
+    "sampler's own two reads add (measured over "
     "a window with no worker). The counter is pg_stat_statements calls when that is loaded, else "
     "xact_commit+xact_rollback of the database: one per statement for an autocommit session such as akadze's.",
     "- e: rows copied from one really published message, inserted with the store's message_insert_many; "
