@@ -50,6 +50,21 @@ class Claimer:
             self._cond.notify_all()
         time.sleep(0)
 
+    def run_here(self, job: Callable[[], Any]) -> None:
+        """Run *job* on the caller's thread and keep its outcome for collect(), as if submitted (no wake:
+        the caller knows it is done). For a loop with nothing else to do, the hand-off only adds latency."""
+        with self._cond:
+            if self._busy:
+                raise RuntimeError("a claim is already in flight; collect() it first")
+            self._busy = True
+        try:
+            outcome: tuple[bool, Any] = (True, job())
+        except BaseException as exc:  # noqa: BLE001  (raised by collect(), like a submitted job's)
+            outcome = (False, exc)
+        with self._cond:
+            self._outcome = outcome
+            self._cond.notify_all()
+
     def wait(self, timeout: float) -> bool:
         """Block up to *timeout* s for the job in flight; True when its outcome is there (or none runs)."""
         with self._cond:

@@ -208,10 +208,7 @@ class HubDriver:
         self.waker.drain()
         if self._stopped:
             return
-        if self._in_flight and self.claims_of.claim_done():
-            self._in_flight = False
-            more = self.claims_of.finish_claim()  # raises a connection error: Celery reconnects
-            self.maybe_ready = self.maybe_ready or more
+        self._collect()
         # One message per loop iteration, so Celery can stop (warm shutdown) between two of them.
         if self.deliver_one():
             self.wake()
@@ -228,6 +225,16 @@ class HubDriver:
         if claim:
             self.claims += 1
             self.maybe_ready = False
+        if self.claims_of.claim_done():  # it ran here (the loop was idle): deliver without another tick
+            self._collect()
+            if self.deliver_one():
+                self.wake()
+
+    def _collect(self) -> None:
+        if self._in_flight and self.claims_of.claim_done():
+            self._in_flight = False
+            more = self.claims_of.finish_claim()  # raises a connection error: Celery reconnects
+            self.maybe_ready = self.maybe_ready or more
 
     def _arm(self) -> None:
         fd = self.listener.arm()
@@ -248,8 +255,9 @@ class HubDriver:
         if self.listener.fd is None:
             self._arm()  # the session died: drop its socket, re-arm (or poll until we can)
             self.wake(ready=True)
-        elif woken:
-            self.wake(ready=True)
+        elif woken and not self._stopped:
+            self.maybe_ready = True
+            self._on_wake()  # at once, not one more loop tick later: this is the latency path
 
     def _on_poll(self) -> None:
         self._timer = None

@@ -325,6 +325,8 @@ class Transport(virtual.Transport):
         self._driver: HubDriver | None = None
         #: The claim round the claimer thread runs now, and the acks riding in it (event-loop path).
         self._pending_claim: tuple[Round, list[tuple[QoS, list[str]]]] | None = None
+        #: How many messages the last event-loop claim got (acks-only rounds leave it alone).
+        self._last_claimed = 0
         self._draining = False  # set once drain_events runs: outcomes may then wait for its flush
         self.waker = Waker()
         #: exchange -> monotonic time until which it is known to have no bound queue (events only).
@@ -590,10 +592,26 @@ class Transport(virtual.Transport):
         with self._consumer_lock:
             self._claims_in_flight += 1
         self._pending_claim = (plan, taken)
-        self.claimer.submit(
-            lambda: self.store.message_ack_claim(acks=acks, queues=queues, limits=limits, owner=self.consumer_id)
-        )
+
+        def job() -> tuple[list[ClaimedMessage], set[int]]:
+            return self.store.message_ack_claim(acks=acks, queues=queues, limits=limits, owner=self.consumer_id)
+
+        if self._loop_idle():
+            self.claimer.run_here(job)  # nothing for the loop to do meanwhile: claim_done() is True now
+        else:
+            self.claimer.submit(job)
         return None
+
+    def _loop_idle(self) -> bool:
+        """No message delivered and unsettled, none buffered, and the last claim found nothing: a task
+        arriving now waits on the claim alone, so the claimer thread's hand-off would only add latency."""
+        if self._last_claimed or self.deliverer.buffered():
+            return False
+        for channel in list(self.channels):
+            qos = channel._qos
+            if qos is not None and len(qos._delivered) - len(qos._dirty) > 0:
+                return False
+        return True
 
     def claim_done(self) -> bool:
         return self._pending_claim is not None and self.claimer.done()
@@ -614,6 +632,8 @@ class Transport(virtual.Transport):
             with self._consumer_lock:
                 self._claims_in_flight -= 1
         self._acks_written(taken, done)
+        if plan.wanted:
+            self._last_claimed = len(claimed)
         return self.deliverer.finish_round(plan, claimed)[1]
 
     def settle_claim(self, timeout: float) -> None:

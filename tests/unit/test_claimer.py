@@ -68,3 +68,27 @@ def test_wakes_from_another_thread_are_never_lost_by_the_waker() -> None:
             waker.drain()
     finally:
         waker.close()
+
+
+def test_run_here_keeps_the_outcome_for_collect_without_waking() -> None:
+    wakes: list[int] = []
+    claimer = Claimer(lambda: wakes.append(1))
+    claimer.run_here(lambda: 42)
+    assert claimer.done()
+    assert claimer.busy
+    assert claimer.collect() == 42
+    assert not claimer.busy
+    assert wakes == []
+
+
+def test_run_here_raises_the_jobs_exception_at_collect() -> None:
+    claimer = Claimer(lambda: None)
+
+    def boom() -> None:
+        raise ValueError("the statement failed")
+
+    claimer.run_here(boom)
+    with pytest.raises(ValueError, match="the statement failed"):
+        claimer.collect()
+    claimer.run_here(lambda: "next")  # the failed one is collected: the slot is free again
+    assert claimer.collect() == "next"
