@@ -15,7 +15,7 @@ from brokers import Broker, Endpoints
 from celery_level import percentile
 from pgstats import Pg
 
-from kombu_akadze import migrate
+from kombu_akadze import compact, migrate
 from kombu_akadze.store import NewMessage, Store
 
 BATCH = 10_000
@@ -120,6 +120,14 @@ def run(
             out["sizes"]["drained"] = _sizes(pg, schema)
             pg.run("table_vacuum", schema=schema, table="messages")
             out["sizes"]["vacuumed"] = pg.sizes(schema, "messages")
+            start = time.perf_counter()
+            result = compact.run_once(store)
+            out["compact"] = {
+                "compacted": result.compacted,
+                "skipped": result.skipped,
+                "seconds": time.perf_counter() - start,
+            }
+            out["sizes"]["compacted"] = pg.sizes(schema, "messages")
             with broker.connection() as conn:
                 producer = conn.Producer(serializer="json")
                 queue(producer.channel).declare()

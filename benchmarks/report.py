@@ -225,13 +225,24 @@ def _backlog_md(results: Results) -> list[str]:
         "| messages table | total MB | heap MB | indexes MB | live tuples | dead tuples |",
         "|---|---|---|---|---|---|",
     ]
-    for k, label in (("before", "before"), ("peak", "at peak"), ("drained", "drained"), ("vacuumed", "after VACUUM")):
+    steps = (
+        ("before", "before"),
+        ("peak", "at peak"),
+        ("drained", "drained"),
+        ("vacuumed", "after VACUUM"),
+        ("compacted", "after the compaction check (compact.run_once, what a worker runs every compact_interval)"),
+    )
+    for k, label in steps:
         if k in sizes:
             s = sizes[k]
             out.append(
                 f"| {label} | {_mb(s['total_bytes'])} | {_mb(s['heap_bytes'])} | {_mb(s['index_bytes'])} "
                 f"| {s['live_tuples']:,} | {s['dead_tuples']:,} |"
             )
+    if "compact" in b:
+        c = b["compact"]
+        what = f"rebuilt in {c['seconds'] * 1000:.0f} ms" if c["compacted"] else f"nothing done: {c['skipped']}"
+        out += ["", f"Compaction check: {what}."]
     return out
 
 
@@ -267,7 +278,8 @@ METHOD = [
     "xact_commit+xact_rollback of the database: one per statement for an autocommit session such as akadze's.",
     "- e: rows copied from one really published message, inserted with the store's message_insert_many; "
     "latency is one kombu basic_get + ack on the backlogged queue (each phase capped in time); drain by "
-    "claim+ack rounds of 5,000 for at most the drain cap, the rest purged; plain VACUUM.",
+    "claim+ack rounds of 5,000 for at most the drain cap, the rest purged; plain VACUUM (as autovacuum), "
+    "then one compaction check with the defaults a worker uses.",
     "- Every process of a run imports one snapshot of kombu_akadze copied at start (its sha256 is in the "
     "header), so edits to the work tree during a run do not split it between two versions.",
     "- Counters, the ready stamp and latencies live in Redis for every broker, so each task costs the same "

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import click
 
-from kombu_akadze import deadletters, embedded, metrics, migrate, rabbitmq, stats
+from kombu_akadze import compact, deadletters, embedded, metrics, migrate, rabbitmq, stats
 from kombu_akadze.errors import AkadzeError
 from kombu_akadze.store import DeadLetterFilter, Store
 from kombu_akadze.urls import is_embedded, mask_password, to_dsn
@@ -353,6 +353,25 @@ def prune_cmd(*, url: str | None, schema: str, as_json: bool, days: float) -> No
     with _store(url, schema) as store:
         pruned = deadletters.prune(store, days=days)
     _emit({"pruned": pruned, "days": days}, as_json, f"deleted {pruned} dead letter(s) older than {days:g} days")
+
+
+@akadze.command("compact")
+@_db_options
+@click.option("--force", is_flag=True, help="Rebuild even when the indexes do not look bloated.")
+@_friendly
+def compact_cmd(*, url: str | None, schema: str, as_json: bool, force: bool) -> None:
+    """Give back the index space a drained backlog left (REINDEX of a small heap; run as the table owner)."""
+    with _store(url, schema) as store:
+        result = compact.run_once(store, force=force)
+    before, after = result.before, result.after
+    text = (
+        f"messages indexes {before.index_bytes / 2**20:.1f} MB -> {after.index_bytes / 2**20:.1f} MB "
+        f"(heap {after.heap_bytes / 2**20:.1f} MB)"
+        if result.compacted
+        else f"nothing done: {result.skipped}"
+    )
+    data = {"compacted": result.compacted, "skipped": result.skipped, "before": vars(before), "after": vars(after)}
+    _emit(data, as_json, text)
 
 
 @akadze.command("move")

@@ -20,6 +20,10 @@ class TransientDatabaseError(DatabaseError, ConnectionError):
     serialization failure: safe to retry with backoff (kombu reconnects)."""
 
 
+class PermissionDeniedError(DatabaseError):
+    """The role may not run this statement (e.g. REINDEX needs the table's owner)."""
+
+
 class SchemaError(DatabaseError):
     """The database schema is missing or newer than this package knows."""
 

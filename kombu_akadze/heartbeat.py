@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 
 from kombu_akadze import rescue
+from kombu_akadze.compact import Compactor
 from kombu_akadze.errors import AkadzeError
 from kombu_akadze.store import Store
 
@@ -29,6 +30,7 @@ class Heartbeat:
         rescue_interval: float,
         max_attempts: int,
         queues: Callable[[], list[str]] = list,
+        compactor: Compactor | None = None,
     ) -> None:
         self.store = store
         self.consumer_id = consumer_id
@@ -39,6 +41,7 @@ class Heartbeat:
         self.rescue_interval = rescue_interval
         self.max_attempts = max_attempts
         self.queues = queues
+        self.compactor = compactor
         self.beats = 0
         self.rescues = 0
         self.last_ok = 0.0
@@ -123,8 +126,20 @@ class Heartbeat:
         """Seconds since the last successful heartbeat (0 while healthy beats land)."""
         return 0.0 if self.last_ok == 0 else time.monotonic() - self.last_ok
 
+    def compact(self) -> None:
+        """The compaction check (see compact.py), on this session right after a beat; logs, never raises."""
+        if self.compactor is None:
+            return
+        try:
+            self.compactor.check()
+        except AkadzeError as exc:
+            logger.warning("kombu-akadze compaction check failed, next one in %.0f s: %s", self.compactor.interval, exc)
+        with self._changed:
+            self._changed.notify_all()
+
     def _run(self) -> None:
         next_rescue = time.monotonic()
+        next_compact = next_rescue + (self.compactor.interval if self.compactor else 0.0)
         failures = 0
         while True:
             now = time.monotonic()
@@ -133,6 +148,9 @@ class Heartbeat:
                 next_rescue = now + self.rescue_interval
             else:
                 ok = self.beat()
+            if ok and self.compactor is not None and now >= next_compact:
+                self.compact()
+                next_compact = time.monotonic() + self.compactor.interval
             failures = 0 if ok else failures + 1
             if self.on_tick is not None:
                 self.on_tick()

@@ -50,6 +50,9 @@ class Options:
     queue_max_attempts: Mapping[str, int] | None = None
     #: Seconds of the safety poll (jittered between half and all of it); LISTEN wakes consumers sooner.
     poll_interval: float = 1.0
+    #: Seconds between each consumer's compaction checks: when a drained backlog left the
+    #: messages indexes bloated over a small heap, REINDEX gives the space back (0: never).
+    compact_interval: float = 300.0
     #: Use LISTEN/NOTIFY wake-ups; off for PgBouncer transaction pooling.
     listen: bool = True
     #: Seconds of the safety poll while LISTEN is armed (every write notifies; this only bounds
@@ -113,6 +116,8 @@ class Options:
             )
         if self.native_delay_threshold < 0:
             raise ConfigurationError("transport option native_delay_threshold must be >= 0 seconds (0: off)")
+        if self.compact_interval < 0:
+            raise ConfigurationError("transport option compact_interval must be >= 0 seconds (0: off)")
         if self.event_route_cache < 0:
             raise ConfigurationError("transport option event_route_cache must be >= 0 seconds (0: no cache)")
         if self.max_attempts < 1:

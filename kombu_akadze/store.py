@@ -22,6 +22,7 @@ from psycopg.types.json import Jsonb
 from kombu_akadze import sqlfiles
 from kombu_akadze.errors import (
     DatabaseError,
+    PermissionDeniedError,
     SchemaNotAppliedError,
     TransientDatabaseError,
 )
@@ -454,6 +455,38 @@ class Store:
         )
         return {k: int(v) for k, v in rows[0].items()}
 
+    def messages_size(self) -> TableSize:
+        rows = self._run("messages_size", {"schema": self.schema})
+        if not rows:
+            raise SchemaNotAppliedError(
+                f"messages_size: no table {self.schema}.messages; run `akadze migrate --url ...`"
+            )
+        return TableSize(heap_bytes=int(rows[0]["heap_bytes"]), index_bytes=int(rows[0]["index_bytes"]))
+
+    def messages_reindex(self, *, lock_timeout: float) -> bool:
+        """REINDEX the messages table, waiting at most *lock_timeout* s for its lock: False when another
+        session held it that long (nothing changed; claims and publishes waited at most that long)."""
+        timeout = f"{max(1, round(lock_timeout * 1000))}ms"
+        with self._lock:
+            conn = self.connection()
+            try:
+                with conn.transaction(), conn.cursor() as cur:
+                    cur.execute(sqlfiles.render("queries.sql", "lock_timeout_set"), {"timeout": timeout})
+                    cur.execute(sqlfiles.render("queries.sql", "messages_reindex", schema=self.schema))
+            except pg_errors.LockNotAvailable:
+                return False
+            except pg_errors.InsufficientPrivilege as exc:
+                raise PermissionDeniedError(
+                    f"messages_reindex: only the owner of {self.schema}.messages may REINDEX it "
+                    f"({mask_password(str(exc).strip().splitlines()[0])}); run `akadze compact` as the "
+                    "owner, or set the transport option compact_interval=0"
+                ) from exc
+            except psycopg.Error as exc:
+                if conn.broken or is_transient(exc):
+                    self._drop()
+                raise translate(exc, "messages_reindex", self.schema) from exc
+        return True
+
     def consumer_delete(self, *, consumer_id: str) -> None:
         self._run("consumer_delete", {"id": consumer_id}, fetch=False)
 
@@ -728,6 +761,12 @@ def _outcome(rows: list[dict[str, Any]]) -> Outcome:
 
 
 # -- operations records --
+
+
+@dataclass(frozen=True)
+class TableSize:
+    heap_bytes: int
+    index_bytes: int
 
 
 @dataclass(frozen=True)

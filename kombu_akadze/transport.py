@@ -35,6 +35,8 @@ Transport Options
 * ``heartbeat_interval`` (float, default 5, seconds): consumer heartbeat period.
 * ``heartbeat_ttl`` (float, default 30, seconds): silence after which a consumer is dead.
 * ``rescue_interval`` (float, default 5, seconds): period of each consumer's rescue pass.
+* ``compact_interval`` (float, default 300, seconds): period of each consumer's check for
+  index space a drained backlog left behind (REINDEX of a small heap); 0: never.
 * ``max_attempts`` (int, default 20): runs before a message goes to dead letters.
 * ``queue_max_attempts`` (dict, default ``{}``): per-queue ``max_attempts``.
 * ``poll_interval`` (float, default 1, seconds; alias ``polling_interval``): safety poll.
@@ -70,6 +72,7 @@ from kombu.utils.objects import cached_property
 
 from kombu_akadze import embedded, migrate
 from kombu_akadze.claimer import Claimer
+from kombu_akadze.compact import Compactor
 from kombu_akadze.delivery import Deliverer, Round, payload_of
 from kombu_akadze.errors import AkadzeError, MessageTooLargeError, QueueFullError, TransientDatabaseError
 from kombu_akadze.events import HubDriver, Listener, Waker, jittered
@@ -471,8 +474,9 @@ class Transport(virtual.Transport):
             if self._heartbeat is not None and self._heartbeat.running:
                 return
             opts = self.options
+            store = self._new_store("heartbeat")
             heartbeat = Heartbeat(
-                store=self._new_store("heartbeat"),
+                store=store,
                 consumer_id=self.consumer_id,
                 hostname=socket.gethostname(),
                 pid=os.getpid(),
@@ -481,6 +485,7 @@ class Transport(virtual.Transport):
                 rescue_interval=opts.rescue_interval,
                 max_attempts=opts.max_attempts,
                 queues=self.consumed_queues,
+                compactor=Compactor(store, interval=opts.compact_interval) if opts.compact_interval else None,
             )
             heartbeat.on_beat = self._flush_from_heartbeat
             heartbeat.on_tick = lambda: self._stop_if_idle(heartbeat)

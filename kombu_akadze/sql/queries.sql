@@ -780,3 +780,20 @@ WITH gone AS (
     RETURNING 1
 )
 SELECT count(*) AS purged FROM gone;
+
+-- name: messages_size
+-- Bytes of the messages heap and of all its indexes, read from the catalog (no table scan).
+SELECT pg_relation_size(c.oid) AS heap_bytes, pg_indexes_size(c.oid) AS index_bytes
+FROM pg_class c
+JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE n.nspname = %(schema)s AND c.relname = 'messages';
+
+-- name: lock_timeout_set
+-- How long the statements of this transaction wait for a lock before giving up (55P03).
+SELECT set_config('lock_timeout', %(timeout)s, true);
+
+-- name: messages_reindex
+-- Rebuild the indexes of the messages table. A drained backlog leaves them at their peak size
+-- (VACUUM frees index pages for reuse but never returns them); the caller runs this only on a
+-- small heap, because REINDEX holds an ACCESS EXCLUSIVE lock while it reads the heap.
+REINDEX TABLE {schema}.messages;

@@ -11,8 +11,9 @@ import psycopg
 import pytest
 from kombu.exceptions import OperationalError as KombuOperationalError
 
-from kombu_akadze import migrate, sqlfiles
-from kombu_akadze.errors import DatabaseError
+from kombu_akadze import compact, migrate, sqlfiles
+from kombu_akadze.compact import Compactor
+from kombu_akadze.errors import DatabaseError, PermissionDeniedError
 from kombu_akadze.store import DeadLetterFilter, Store
 
 from .checker import verdict
@@ -66,6 +67,20 @@ def test_worker_and_producer_run_with_only_row_privileges_on_the_schema(own: Fau
             what="the worker rejects the replayed message again",
         )
         own.until(lambda: sum(app_store.message_counts().values()) == 0, timeout=60, what="queue empty")
+        # Compaction (REINDEX) needs the owner: the application role is told so, and its worker's
+        # compactor turns itself off instead of failing every interval.
+        with pytest.raises(PermissionDeniedError, match="only the owner"):
+            compact.run_once(app_store, force=True)
+        compactor = Compactor(app_store, interval=1.0, min_index=0, ratio=0)
+        assert compactor.check() is None
+        assert "compact_interval=0" in compactor.disabled
+        assert compactor.check() is None
+        assert compactor.runs == 1
+        owner_store = Store(owner_url, schema=schema, role="test")
+        try:
+            assert compact.run_once(owner_store, force=True).compacted  # `akadze compact` as the owner
+        finally:
+            owner_store.close()
     finally:
         app_store.close()
 

@@ -24,3 +24,15 @@ SELECT count(*) FROM {schema}.consumers;
 -- name: prepared_count
 -- How many statements this session has prepared server-side.
 SELECT count(*) FROM pg_prepared_statements;
+
+-- name: vacuum_messages
+-- What autovacuum does to a drained queue table: dead rows gone, the empty heap truncated.
+VACUUM {schema}.messages;
+
+-- name: lock_messages_as_writer
+-- The lock every claim, ack and publish holds until its transaction ends.
+LOCK TABLE {schema}.messages IN ROW EXCLUSIVE MODE;
+
+-- name: messages_count
+-- Rows of every state in the messages table.
+SELECT count(*) FROM {schema}.messages;

@@ -159,6 +159,20 @@ def test_prune_deletes_only_old_dead_letters(cli: Any, store: Store) -> None:
     assert len(json.loads(cli("dead", "list", "--json").output)) == 2
 
 
+def test_compact_says_why_it_does_nothing_and_rebuilds_with_force(cli: Any, store: Store) -> None:
+    store.message_insert(NewMessage(queue="a", body=b"stays"))
+    idle = cli("compact")
+    assert idle.exit_code == 0, idle.output
+    assert "nothing done: indexes are" in idle.output
+    forced = json.loads(cli("compact", "--force", "--json").output)
+    assert forced["compacted"] is True
+    assert forced["after"]["index_bytes"] > 0
+    assert sum(store.message_counts().values()) == 1
+    missing = cli("compact", "--schema", "never_migrated_here")
+    assert missing.exit_code == 2
+    assert "akadze migrate" in missing.output
+
+
 def test_errors_are_one_line_exit_2_and_never_show_the_password(cli: Any, pg_url: str) -> None:
     refused = cli("stats", env={"AKADZE_URL": "postgresql://akadze:s3cret@127.0.0.1:1/db"})
     assert refused.exit_code == 2

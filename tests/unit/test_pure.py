@@ -6,12 +6,13 @@ import logging
 
 import pytest
 
-from kombu_akadze import sqlfiles
+from kombu_akadze import compact, sqlfiles
 from kombu_akadze.delivery import rotate as _rotate
 from kombu_akadze.delivery import split_slots as _split_slots
 from kombu_akadze.errors import ConfigurationError
 from kombu_akadze.options import Options
 from kombu_akadze.qos import make_tag, parse_tag
+from kombu_akadze.store import TableSize
 from kombu_akadze.urls import is_embedded, mask_password, to_dsn
 
 
@@ -68,6 +69,7 @@ def test_options_coerce_strings_and_accept_kombu_alias() -> None:
         ({"schema": ""}, "schema"),
         ({"queue_max_attempts": {"q": 0}}, "queue_max_attempts"),
         ({"poll_interval": -1}, "poll_interval"),
+        ({"compact_interval": -1}, r"compact_interval must be >= 0 seconds \(0: off\)"),
     ],
 )
 def test_bad_options_say_what_is_valid(raw: dict[str, object], message: str) -> None:
@@ -121,3 +123,21 @@ def test_a_rescue_that_only_forgot_silent_consumers_is_info_not_a_warning(caplog
         rescue.report({**quiet, "consumers_gone": 1}, ttl=30)
         rescue.report({**quiet, "consumers_gone": 1, "requeued": 2}, ttl=30)
     assert [r.levelno for r in caplog.records] == [logging.INFO, logging.WARNING]
+
+
+MB = 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("heap", "index", "reason"),
+    [
+        (0, 80 * MB, ""),  # a drained backlog: empty heap, indexes at their peak
+        (4 * MB, 20 * MB, ""),  # a few rows left, indexes still 5x the heap
+        (9 * MB, 80 * MB, "heap is 9.0 MB"),  # REINDEX would read that heap under its lock
+        (0, 15 * MB, "below 16.0 MB"),
+        (6 * MB, 20 * MB, "under 4x the heap"),
+    ],
+)
+def test_compaction_is_due_only_for_bloated_indexes_over_a_small_heap(heap: int, index: int, reason: str) -> None:
+    got = compact.due(TableSize(heap_bytes=heap, index_bytes=index))
+    assert got == reason if not reason else reason in got
