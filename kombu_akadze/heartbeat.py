@@ -11,6 +11,7 @@ from kombu_akadze import rescue
 from kombu_akadze.compact import Compactor
 from kombu_akadze.errors import AkadzeError
 from kombu_akadze.store import Store
+from kombu_akadze.vacuum import Vacuumer
 
 logger = logging.getLogger("kombu_akadze")
 
@@ -31,6 +32,7 @@ class Heartbeat:
         max_attempts: int,
         queues: Callable[[], list[str]] = list,
         compactor: Compactor | None = None,
+        vacuumer: Vacuumer | None = None,
     ) -> None:
         self.store = store
         self.consumer_id = consumer_id
@@ -42,6 +44,7 @@ class Heartbeat:
         self.max_attempts = max_attempts
         self.queues = queues
         self.compactor = compactor
+        self.vacuumer = vacuumer
         self.beats = 0
         self.rescues = 0
         self.last_ok = 0.0
@@ -73,6 +76,8 @@ class Heartbeat:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
         self._thread = None
+        if self.vacuumer is not None:
+            self.vacuumer.close()
         self.store.close()
 
     def beat(self, *, raise_errors: bool = False) -> bool:
@@ -109,6 +114,8 @@ class Heartbeat:
             return False
         self.last_ok = time.monotonic()
         rescue.report(counts, ttl=self.ttl)
+        if self.vacuumer is not None:
+            self.vacuumer.offer(counts.get("unvacuumed", 0))
         with self._changed:
             self.beats += 1
             self.rescues += 1

@@ -451,6 +451,7 @@ class Store:
                 "exhausted_reason": "max_attempts exceeded",
                 "now": now,
                 "channel": self.channel,
+                "schema": self.schema,
             },
         )
         return {k: int(v) for k, v in rows[0].items()}
@@ -462,6 +463,10 @@ class Store:
                 f"messages_size: no table {self.schema}.messages; run `akadze migrate --url ...`"
             )
         return TableSize(heap_bytes=int(rows[0]["heap_bytes"]), index_bytes=int(rows[0]["index_bytes"]))
+
+    def messages_vacuum(self) -> None:
+        """VACUUM the messages table (this session is autocommit, as VACUUM requires)."""
+        self._run("messages_vacuum", fetch=False)
 
     def messages_reindex(self, *, lock_timeout: float) -> bool:
         """REINDEX the messages table, waiting at most *lock_timeout* s for its lock: False when another

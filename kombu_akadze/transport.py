@@ -82,6 +82,7 @@ from kombu_akadze.options import Options
 from kombu_akadze.qos import QoS, parse_tag
 from kombu_akadze.store import DRIVER_VERSION, ClaimedMessage, NewMessage, Store
 from kombu_akadze.urls import is_embedded, mask_password, to_dsn
+from kombu_akadze.vacuum import Vacuumer
 
 logger = logging.getLogger("kombu_akadze")
 
@@ -486,6 +487,7 @@ class Transport(virtual.Transport):
                 max_attempts=opts.max_attempts,
                 queues=self.consumed_queues,
                 compactor=Compactor(store, interval=opts.compact_interval) if opts.compact_interval else None,
+                vacuumer=Vacuumer(lambda: self._new_store("vacuum")),
             )
             heartbeat.on_beat = self._flush_from_heartbeat
             heartbeat.on_tick = lambda: self._stop_if_idle(heartbeat)

@@ -479,7 +479,15 @@ SELECT (SELECT count(*) FROM requeued) AS requeued, (SELECT count(*) FROM buried
        (SELECT count(*) FROM unbound) AS bindings, (SELECT count(*) FROM expired) AS expired,
        (SELECT count(*) FROM expired_buried) AS buried, (SELECT count(*) FROM touched) AS touched,
        (SELECT count(*) FROM promoted) AS promoted, (SELECT count(*) FROM capped) AS capped,
-       (SELECT count(*) FROM dl_routed) AS dead_lettered;
+       (SELECT count(*) FROM dl_routed) AS dead_lettered,
+       -- Dead rows of the messages table that nothing else will vacuum: counted only while the
+       -- server's autovacuum is off (the consumer then vacuums, see vacuum.py); 0 otherwise.
+       -- Only a role that may vacuum the table (its owner, a member of it, a superuser) sees them.
+       (SELECT COALESCE(max(s.n_dead_tup), 0) FROM pg_stat_user_tables AS s
+        JOIN pg_class AS c ON c.oid = s.relid
+        WHERE s.schemaname = %(schema)s AND s.relname = 'messages'
+          AND NOT current_setting('autovacuum')::boolean
+          AND pg_has_role(c.relowner, 'USAGE')) AS unvacuumed;
 
 -- name: consumer_delete
 -- Forget a consumer that stopped cleanly (after it released what it held).
@@ -797,3 +805,8 @@ SELECT set_config('lock_timeout', %(timeout)s, true);
 -- (VACUUM frees index pages for reuse but never returns them); the caller runs this only on a
 -- small heap, because REINDEX holds an ACCESS EXCLUSIVE lock while it reads the heap.
 REINDEX TABLE {schema}.messages;
+
+-- name: messages_vacuum
+-- What autovacuum would do to the messages table (dead rows gone, an empty tail truncated), for
+-- servers that run with autovacuum off. Takes no lock that claims or publishes wait for.
+VACUUM {schema}.messages;

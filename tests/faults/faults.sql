@@ -121,3 +121,7 @@ ALTER ROLE {role} WITH LOGIN;
 -- name: role_nologin
 -- Refuse new logins of a role (its open sessions are not ended by this).
 ALTER ROLE {role} WITH NOLOGIN;
+
+-- name: vacuum_stats
+-- Dead rows of the messages table and when it was last vacuumed by hand (not by autovacuum).
+SELECT n_dead_tup, last_vacuum FROM pg_stat_user_tables WHERE schemaname = %(schema)s AND relname = 'messages';
