@@ -10,11 +10,9 @@ from kombu_akadze.store import Store, TableSize
 
 logger = logging.getLogger("kombu_akadze")
 
-#: Seconds between the compaction checks of one live consumer (transport option compact_interval).
-DEFAULT_INTERVAL = 300.0
-#: REINDEX holds an ACCESS EXCLUSIVE lock while it reads the heap: only a heap this small (bytes) is
-#: rebuilt, which takes milliseconds. A big heap (a backlog, or dead rows autovacuum has not yet
-#: truncated) waits for a later check.
+#: While REINDEX reads the heap, writes to the table and every use of the index it rebuilds (claims
+#: included) wait: only a heap this small (bytes) is rebuilt, which takes milliseconds. A big heap
+#: (a backlog, or dead rows autovacuum has not yet truncated) waits for a later check.
 MAX_HEAP_BYTES = 8 * 1024 * 1024
 #: Indexes smaller than this (bytes) are left alone whatever their bloat.
 MIN_INDEX_BYTES = 16 * 1024 * 1024

@@ -98,6 +98,10 @@ class QoS(virtual.QoS):
             n = len(self._pending)
         return n >= batch or (n > 0 and time.monotonic() - self._pending_since >= delay)
 
+    def holds_unsettled(self) -> bool:
+        """Some message was delivered to this channel and not acked, rejected or requeued yet."""
+        return len(self._delivered) > len(self._dirty)
+
     @property
     def pending(self) -> int:
         with self._pending_lock:

@@ -507,7 +507,7 @@ class Transport(virtual.Transport):
             return False
         for channel in list(self.channels):
             qos = channel._qos
-            if qos is not None and (len(qos._delivered) > len(qos._dirty) or qos.pending):
+            if qos is not None and (qos.holds_unsettled() or qos.pending):
                 return False
         return True
 
@@ -614,11 +614,7 @@ class Transport(virtual.Transport):
         arriving now waits on the claim alone, so the claimer thread's hand-off would only add latency."""
         if self._last_claimed or self.deliverer.buffered():
             return False
-        for channel in list(self.channels):
-            qos = channel._qos
-            if qos is not None and len(qos._delivered) - len(qos._dirty) > 0:
-                return False
-        return True
+        return not any((qos := c._qos) is not None and qos.holds_unsettled() for c in list(self.channels))
 
     def claim_done(self) -> bool:
         return self._pending_claim is not None and self.claimer.done()

@@ -33,15 +33,14 @@ class Vacuumer:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._warned = False
-        self.runs = 0
-        self.done = threading.Event()
+        self._closing = False
 
     def offer(self, unvacuumed: int) -> bool:
         """Start a VACUUM when *unvacuumed* reaches the threshold and none runs; True when one started."""
         if unvacuumed < self.threshold:
             return False
         with self._lock:
-            if self._thread is not None and self._thread.is_alive():
+            if self._closing or (self._thread is not None and self._thread.is_alive()):
                 return False
             if not self._warned:
                 self._warned = True
@@ -51,15 +50,20 @@ class Vacuumer:
                     "to the server)",
                     self.threshold,
                 )
-            self.done.clear()
             self._thread = threading.Thread(target=self._run, name="akadze-vacuum", daemon=True)
             self._thread.start()
         return True
 
     def close(self, timeout: float = 5.0) -> None:
-        thread = self._thread
+        """Wait up to *timeout* s for a VACUUM in flight; one still running closes its session when done
+        (closing it here would wait for the VACUUM on the store's lock and hold up the stop)."""
+        with self._lock:
+            self._closing = True
+            thread = self._thread
         if thread is not None:
             thread.join(timeout)
+            if thread.is_alive():
+                return
         if self._store is not None:
             self._store.close()
 
@@ -68,8 +72,10 @@ class Vacuumer:
             if self._store is None:
                 self._store = self._make_store()
             self._store.messages_vacuum()
-            self.runs += 1
         except AkadzeError as exc:
             logger.warning("kombu-akadze vacuum of the messages table failed, next pass retries: %s", exc)
         finally:
-            self.done.set()
+            with self._lock:
+                closing = self._closing
+            if closing and self._store is not None:
+                self._store.close()

@@ -803,10 +803,11 @@ SELECT set_config('lock_timeout', %(timeout)s, true);
 -- name: messages_reindex
 -- Rebuild the indexes of the messages table. A drained backlog leaves them at their peak size
 -- (VACUUM frees index pages for reuse but never returns them); the caller runs this only on a
--- small heap, because REINDEX holds an ACCESS EXCLUSIVE lock while it reads the heap.
+-- small heap, because while REINDEX reads it, writes and every use of the index being rebuilt wait.
 REINDEX TABLE {schema}.messages;
 
 -- name: messages_vacuum
 -- What autovacuum would do to the messages table (dead rows gone, an empty tail truncated), for
--- servers that run with autovacuum off. Takes no lock that claims or publishes wait for.
-VACUUM {schema}.messages;
+-- servers that run with autovacuum off. Takes no lock that claims or publishes wait for; when another
+-- consumer's VACUUM holds the table, this one is skipped instead of queueing behind it.
+VACUUM (SKIP_LOCKED) {schema}.messages;
