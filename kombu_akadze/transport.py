@@ -186,6 +186,7 @@ class Channel(ExchangeMixin, virtual.Channel):
         return self.store.queue_size(name=queue)
 
     def _purge(self, queue: str) -> int:
+        self._write_buffered_outcomes()
         return self.store.queue_purge(name=queue)
 
     def _new_queue(self, queue: str, **kwargs: Any) -> None:
@@ -202,7 +203,14 @@ class Channel(ExchangeMixin, virtual.Channel):
         if if_empty and self._size(queue):
             return None
         self.connection.declared.clear()
+        self._write_buffered_outcomes()
         return self.store.queue_delete(name=queue)
+
+    def _write_buffered_outcomes(self) -> None:
+        """Acks and rejects this connection buffered go out before a purge or delete, as RabbitMQ's
+        channel applies them in order: else a delete took the held rows first, and every ack of a run
+        the consumer had finished was reported as "changed nothing"."""
+        self.connection.flush_outcomes()
 
     def after_reply_message_received(self, queue: str) -> None:
         """kombu drops a reply queue once its replies are in (inspect, ping): write the buffered outcomes

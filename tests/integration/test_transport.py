@@ -370,3 +370,41 @@ def test_a_no_ack_delivery_deletes_its_row_and_takes_no_prefetch_slot(make_conne
     consumer.cancel()
     conn.release()
     assert store.message_counts() == {}, "nothing released back at close: nothing was held"
+
+
+def test_buffered_acks_are_written_before_a_queue_delete(
+    make_connection: Any, store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As on RabbitMQ's channel, acks made before a delete apply first: none is reported as a run that
+    "changed nothing" because the delete took its row."""
+    conn = make_connection()
+    queue = Queue("ordered")
+    for i in range(10):
+        conn.Producer().publish({"i": i}, routing_key="ordered", declare=[queue])
+    consumer, got = consume(conn, queue, prefetch=5)
+    drain_until(conn, lambda: len(got) == 5)
+    consumer.cancel()
+    with caplog.at_level(logging.WARNING, logger="kombu_akadze"):
+        for message in got:
+            message.ack()  # buffered: this connection drains, so its next statement carries them
+        queue(conn.default_channel).delete()
+        conn.release()  # writes whatever is still buffered
+    stale = [r.getMessage() for r in caplog.records if "changed nothing" in r.getMessage()]
+    assert not stale, stale
+
+
+def test_requeues_are_written_before_a_purge(make_connection: Any, store: Store) -> None:
+    """Messages rejected with requeue before a purge are purged with the rest, as on RabbitMQ."""
+    conn = make_connection()
+    queue = Queue("requeue-purge")
+    for i in range(10):
+        conn.Producer().publish({"i": i}, routing_key="requeue-purge", declare=[queue])
+    consumer, got = consume(conn, queue, prefetch=5)
+    drain_until(conn, lambda: len(got) == 5)
+    consumer.cancel()
+    for message in got:
+        message.requeue()
+    purged = queue(conn.default_channel).purge()
+    conn.release()
+    left = sum(store.message_counts().values())
+    assert left == 0, f"{left} requeued messages came back after the purge (it purged {purged})"
