@@ -146,9 +146,16 @@ def translate(exc: psycopg.Error, what: str, schema: str) -> DatabaseError:
 
 
 def connect(
-    dsn: str, *, role: str, connect_timeout: float, autocommit: bool = True, prepared_statements: bool = True
+    dsn: str,
+    *,
+    role: str,
+    connect_timeout: float,
+    autocommit: bool = True,
+    prepared_statements: bool = True,
+    generic_plans: bool = False,
 ) -> psycopg.Connection[Any]:
-    """A new connection with keepalive defaults and an application_name that names its role."""
+    """A new connection with keepalive defaults and an application_name that names its role; with
+    *generic_plans* (and prepared statements) its prepared statements keep one plan (see queries.sql)."""
     params: dict[str, Any] = dict(conninfo_to_dict(dsn))
     is_socket = str(params.get("host", "")).startswith("/")
     if not is_socket:
@@ -159,6 +166,12 @@ def connect(
     conn = psycopg.connect(**params, autocommit=autocommit)
     if not prepared_statements:
         conn.prepare_threshold = None
+    elif generic_plans:
+        try:
+            conn.execute(sqlfiles.render("queries.sql", "session_generic_plans"))
+        except psycopg.Error:
+            conn.close()
+            raise
     kombu_json_setup(conn)
     return conn
 
@@ -180,12 +193,14 @@ class Store:
         role: str = "command",
         connect_timeout: float = 10.0,
         prepared_statements: bool = True,
+        generic_plans: bool = False,
     ) -> None:
         self.dsn = dsn
         self.schema = schema
         self.role = role
         self.connect_timeout = connect_timeout
         self.prepared_statements = prepared_statements
+        self.generic_plans = generic_plans
         self.channel = notify_channel(schema)
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.RLock()
@@ -206,6 +221,7 @@ class Store:
                         role=self.role,
                         connect_timeout=self.connect_timeout,
                         prepared_statements=self.prepared_statements,
+                        generic_plans=self.generic_plans,
                     )
                 except psycopg.Error as exc:
                     raise translate(exc, f"connecting to {mask_password(self.dsn)}", self.schema) from exc

@@ -355,7 +355,7 @@ class Transport(virtual.Transport):
 
     @cached_property
     def store(self) -> Store:
-        return self._new_store("command")
+        return self._new_store("command", generic_plans=True)
 
     @cached_property
     def deliverer(self) -> Deliverer:
@@ -367,13 +367,16 @@ class Transport(virtual.Transport):
             claim_batch=self.options.claim_batch,
         )
 
-    def _new_store(self, role: str) -> Store:
+    def _new_store(self, role: str, *, generic_plans: bool = False) -> Store:
+        """A session of this connection; the command session, which claims, acks and publishes, keeps
+        one plan per prepared statement (its claim was re-planned on every run: ~0.3 ms of ~0.9)."""
         return Store(
             self.dsn,
             schema=self.options.schema,
             role=role,
             connect_timeout=self.options.connect_timeout,
             prepared_statements=self.options.prepared_statements,
+            generic_plans=generic_plans,
         )
 
     def establish_connection(self) -> Any:

@@ -796,6 +796,13 @@ FROM pg_class c
 JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %(schema)s AND c.relname = 'messages';
 
+-- name: session_generic_plans
+-- Prepared statements of this session run their generic plan from the first execution. The claim's
+-- plan is the same whatever its queues and limits (an index scan per queue, then a primary-key
+-- update), yet under the default (auto) PostgreSQL never switched to it and planned message_ack_claim
+-- again on every run (pg_prepared_statements: 0 generic, 100 custom): 0.25-0.3 ms of a 0.6-0.9 ms claim.
+SELECT set_config('plan_cache_mode', 'force_generic_plan', false);
+
 -- name: lock_timeout_set
 -- How long the statements of this transaction wait for a lock before giving up (55P03).
 SELECT set_config('lock_timeout', %(timeout)s, true);

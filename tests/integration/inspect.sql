@@ -25,6 +25,11 @@ SELECT count(*) FROM {schema}.consumers;
 -- How many statements this session has prepared server-side.
 SELECT count(*) FROM pg_prepared_statements;
 
+-- name: prepared_plans
+-- This session's prepared statements whose text starts with %(prefix)s: generic and custom plans run.
+SELECT COALESCE(sum(generic_plans), 0) AS generic, COALESCE(sum(custom_plans), 0) AS custom
+FROM pg_prepared_statements WHERE statement LIKE %(prefix)s || '%%';
+
 -- name: vacuum_messages
 -- What autovacuum does to a drained queue table: dead rows gone, the empty heap truncated.
 VACUUM {schema}.messages;
