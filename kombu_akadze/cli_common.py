@@ -1,0 +1,113 @@
+"""What every ``akadze`` command shares: the database options, opening a store, errors and formatting."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+
+from kombu_akadze import embedded, stats
+from kombu_akadze.errors import AkadzeError
+from kombu_akadze.store import Store
+from kombu_akadze.urls import is_embedded, mask_password, to_dsn
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def dsn_of(url: str | None) -> str:
+    if not url:
+        raise click.UsageError("no database URL: pass --url postgresql://user@host:5432/db or set AKADZE_URL")
+    if url.startswith("akadze+"):
+        url = url[len("akadze+") :]
+    if is_embedded(url):
+        return embedded.start()
+    try:
+        return to_dsn(url)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def emit(data: Any, as_json: bool, text: str) -> None:
+    click.echo(json.dumps(data, indent=2, default=str) if as_json else text)
+
+
+url_option = click.option(
+    "--url", envvar="AKADZE_URL", help="PostgreSQL URL (env AKADZE_URL); akadze+ prefix accepted."
+)
+schema_option = click.option(
+    "--schema", envvar="AKADZE_SCHEMA", default="akadze", show_default=True, help="Schema of the tables."
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+
+
+class CommandError(click.ClickException):
+    """A one-line error that says what is valid; exit code 2 like a usage error."""
+
+    exit_code = 2
+
+
+def friendly(func: F) -> F:
+    """Turn kombu-akadze errors into CommandError (passwords masked), for every operations command."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except AkadzeError as exc:
+            raise CommandError(mask_password(str(exc))) from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+def db_options(func: F) -> F:
+    return url_option(schema_option(json_option(func)))
+
+
+@contextmanager
+def open_store(url: str | None, schema: str) -> Iterator[Store]:
+    dsn = dsn_of(url)
+    store = Store(dsn, schema=schema, role="cli")
+    try:
+        store.connection()
+    except AkadzeError as exc:  # the store's "will retry" wording is for the transport, not a command
+        detail = str(exc.__cause__ or exc).strip().splitlines()[0]
+        raise CommandError(
+            f"cannot connect to PostgreSQL at {mask_password(dsn)}: {mask_password(detail)}; check --url or AKADZE_URL"
+        ) from exc
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+_DURATION_RE = re.compile(r"^\s*(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>[smhd]?)\s*$")
+_UNIT_SECONDS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    """Seconds, or a number with a unit: 90, 90s, 15m, 2h, 3d."""
+    if value is None:
+        return None
+    match = _DURATION_RE.match(value)
+    if not match:
+        raise click.BadParameter(f"{value!r} is not a duration: use seconds or a number with s, m, h or d (e.g. 2h)")
+    return float(match["n"]) * _UNIT_SECONDS[match["unit"]]
+
+
+def short(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+ttl_option = click.option(
+    "--consumer-ttl",
+    type=click.FloatRange(min=0, min_open=True),
+    default=stats.DEFAULT_CONSUMER_TTL,
+    show_default=True,
+    help="Seconds of heartbeat silence after which a consumer no longer counts as alive.",
+)
