@@ -7,6 +7,7 @@ import logging
 import os
 import random
 import select
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -120,9 +121,11 @@ class Listener:
 
 
 class Claims(Protocol):
-    """The transport's event-loop claims: one statement at a time, run off the loop (see Claimer)."""
+    """The transport's event-loop claims: one statement at a time, sent without waiting for it."""
 
     def start_claim(self, *, claim: bool) -> bool | None: ...
+    def claim_fd(self) -> int | None: ...
+    def claim_progress(self) -> bool: ...
     def claim_done(self) -> bool: ...
     def finish_claim(self) -> bool: ...
     def settle_claim(self, timeout: float) -> None: ...
@@ -135,8 +138,9 @@ SETTLE_TIMEOUT = 30.0
 class HubDriver:
     """Celery's event loop (kombu hub) drives consumption: LISTEN socket readable -> claim; a jittered
     safety poll re-arms LISTEN and claims anyway. The claim statement (which also writes the acks of
-    the ticks since the last one) runs on the claimer thread, one at a time, so the loop keeps handing
-    results and tasks to the pool meanwhile; its completion wakes the loop like a NOTIFY does."""
+    the ticks since the last one) is sent without waiting, one at a time, and its session's socket is a
+    reader of the hub, so the loop keeps handing results and tasks to the pool meanwhile and delivers
+    as soon as the result is read."""
 
     def __init__(
         self,
@@ -162,6 +166,8 @@ class HubDriver:
         self.check = check
         self._registered_fd: int | None = None
         self._registered_session = 0
+        self._claim_fd: int | None = None
+        self._loop_thread: int | None = None
         self._timer: Any = None
         self._stopped = False
         self._in_flight = False
@@ -172,7 +178,8 @@ class HubDriver:
         self.claims = 0
 
     def start(self) -> None:
-        # The waker is a reader of the hub: wake() from a pool-result callback, the claimer thread or
+        self._loop_thread = threading.get_ident()
+        # The waker is a reader of the hub: wake() from a pool-result callback, the heartbeat or
         # this driver itself makes the hub's next poll return at once, never after a poll timeout.
         self.hub.add_reader(self.waker.fileno(), self._on_wake)
         self._arm()
@@ -192,6 +199,7 @@ class HubDriver:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self.unwatch_claim()
         if self._in_flight:
             self._in_flight = False
             self.claims_of.settle_claim(SETTLE_TIMEOUT)
@@ -229,9 +237,36 @@ class HubDriver:
             self._collect()
             if self.deliver_one():
                 self.wake()
+        else:
+            self._watch_claim()
+
+    def _watch_claim(self) -> None:
+        fd = self.claims_of.claim_fd()
+        if fd is not None:
+            self.hub.add_reader(fd, self._on_claim_readable)
+            self._claim_fd = fd
+
+    def on_loop_thread(self) -> bool:
+        return threading.get_ident() == self._loop_thread
+
+    def unwatch_claim(self) -> None:
+        """Stop watching the claim's socket (before anything may close it: its number can be reused)."""
+        fd, self._claim_fd = self._claim_fd, None
+        if fd is not None:
+            self.hub.remove_reader(fd)
+
+    def _on_claim_readable(self, *args: Any) -> None:
+        self.unwatch_claim()  # reading may fail and close the session
+        if self._stopped:
+            return
+        if not self.claims_of.claim_progress():
+            self._watch_claim()  # part of the result only: wait for the rest
+            return
+        self._on_wake()  # collect, deliver and claim again in this tick: the hot path
 
     def _collect(self) -> None:
         if self._in_flight and self.claims_of.claim_done():
+            self.unwatch_claim()
             self._in_flight = False
             more = self.claims_of.finish_claim()  # raises a connection error: Celery reconnects
             self.maybe_ready = self.maybe_ready or more

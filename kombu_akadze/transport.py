@@ -71,7 +71,6 @@ from kombu.transport import virtual
 from kombu.utils.objects import cached_property
 
 from kombu_akadze import embedded, migrate
-from kombu_akadze.claimer import Claimer
 from kombu_akadze.compact import Compactor
 from kombu_akadze.delivery import Deliverer, Round, payload_of
 from kombu_akadze.errors import AkadzeError, MessageTooLargeError, QueueFullError, TransientDatabaseError
@@ -335,8 +334,10 @@ class Transport(virtual.Transport):
         self._claims_in_flight = 0  # guarded by _consumer_lock: an idle heartbeat stops only between claims
         self._rotation = 0
         self._driver: HubDriver | None = None
-        #: The claim round the claimer thread runs now, and the acks riding in it (event-loop path).
+        #: The claim round in flight on the command session, and the acks riding in it (event-loop path).
         self._pending_claim: tuple[Round, list[tuple[QoS, list[str]]]] | None = None
+        #: Its outcome once read: (True, (claimed, acked ids)) or (False, the error it raised).
+        self._claim_outcome: tuple[bool, Any] | None = None
         #: How many messages the last event-loop claim got (acks-only rounds leave it alone).
         self._last_claimed = 0
         self._draining = False  # set once drain_events runs: outcomes may then wait for its flush
@@ -355,7 +356,17 @@ class Transport(virtual.Transport):
 
     @cached_property
     def store(self) -> Store:
-        return self._new_store("command", generic_plans=True)
+        store = self._new_store("command", generic_plans=True)
+        store.on_claim_landing = self._claim_landing
+        return store
+
+    def _claim_landing(self) -> None:
+        """Another statement on the command session is about to wait for the claim in flight (see
+        Store._land_in_flight): the loop stops watching that socket, and collects the outcome next tick."""
+        driver = self._driver
+        if driver is not None and driver.on_loop_thread():
+            driver.unwatch_claim()
+        self.waker.wake()
 
     @cached_property
     def deliverer(self) -> Deliverer:
@@ -590,9 +601,10 @@ class Transport(virtual.Transport):
         return claimed
 
     def start_claim(self, *, claim: bool) -> bool | None:
-        """Event-loop path: submit the next ack+claim statement to the claimer thread and return None;
-        or, when there is nothing to write or claim, return at once whether more may be ready.
-        *claim* False writes outcomes only. finish_claim() collects the statement's result."""
+        """Event-loop path: send the next ack+claim statement on the command session without waiting and
+        return None; or, when there is nothing to write or claim, return at once whether more may be
+        ready. *claim* False writes outcomes only. The loop watches claim_fd() and calls
+        claim_progress() as data arrives; finish_claim() collects the outcome once claim_done()."""
         if self._pending_claim is not None:
             raise RuntimeError("a claim is already in flight")
         if claim:
@@ -605,46 +617,73 @@ class Transport(virtual.Transport):
             plan = Round()
         if not plan.wanted and not taken:
             return plan.more
-        queues, limits = list(plan.wanted), list(plan.wanted.values())
-        acks = _tags_of(taken)
         with self._consumer_lock:
             self._claims_in_flight += 1
         self._pending_claim = (plan, taken)
-
-        def job() -> tuple[list[ClaimedMessage], set[int]]:
-            return self.store.message_ack_claim(acks=acks, queues=queues, limits=limits, owner=self.consumer_id)
-
-        if self._loop_idle():
-            self.claimer.run_here(job)  # nothing for the loop to do meanwhile: claim_done() is True now
-        else:
-            self.claimer.submit(job)
+        self._claim_outcome = None
+        store = self.store
+        try:
+            queues, limits = list(plan.wanted), list(plan.wanted.values())
+            store.message_ack_claim_start(acks=_tags_of(taken), queues=queues, limits=limits, owner=self.consumer_id)
+            if self._loop_idle():  # nothing for the loop to do meanwhile: wait here, claim_done() is True now
+                self._claim_outcome = (True, store.message_ack_claim_wait(None))
+        except AkadzeError as exc:
+            self._claim_outcome = (False, exc)  # raised by finish_claim(), on the loop, like a late error
         return None
+
+    def claim_fd(self) -> int | None:
+        """The socket of the claim in flight (readable: call claim_progress()); None when it is done."""
+        if self._pending_claim is None or self._claim_outcome is not None:
+            return None
+        return self.store.fileno_in_flight()
+
+    def claim_progress(self) -> bool:
+        """Read what arrived for the claim in flight; True once its outcome is in (claim_done())."""
+        if self._pending_claim is None:
+            return False
+        if self._claim_outcome is None:
+            try:
+                outcome = self.store.message_ack_claim_read()
+            except AkadzeError as exc:
+                self._claim_outcome = (False, exc)
+            else:
+                if outcome is not None:
+                    self._claim_outcome = (True, outcome)
+        return self._claim_outcome is not None
 
     def _loop_idle(self) -> bool:
         """No message delivered and unsettled, none buffered, and the last claim found nothing: a task
-        arriving now waits on the claim alone, so the claimer thread's hand-off would only add latency."""
+        arriving now waits on the claim alone, so going back to the loop would only add latency."""
         if self._last_claimed or self.deliverer.buffered():
             return False
         return not any((qos := c._qos) is not None and qos.holds_unsettled() for c in list(self.channels))
 
     def claim_done(self) -> bool:
-        return self._pending_claim is not None and self.claimer.done()
+        """The claim in flight has its outcome. Reads no socket (only _on_claim_readable does, after it
+        stopped watching it), but takes an outcome another statement on the session read first."""
+        if self._pending_claim is None:
+            return False
+        if self._claim_outcome is None and self.store.claim_landed():
+            self.claim_progress()
+        return self._claim_outcome is not None
 
     def finish_claim(self) -> bool:
-        """Collect the statement start_claim() submitted (it must be done): buffer the claimed messages,
+        """Collect the statement start_claim() sent (it must be done): buffer the claimed messages,
         report the acks; returns whether more may be ready. Raises what the statement raised."""
         pending, self._pending_claim = self._pending_claim, None
+        outcome, self._claim_outcome = self._claim_outcome, None
         if pending is None:
             return False
         plan, taken = pending
-        try:
-            claimed, done = self.claimer.collect()
-        except AkadzeError:
-            self._acks_failed(taken)
-            raise
-        finally:
-            with self._consumer_lock:
-                self._claims_in_flight -= 1
+        with self._consumer_lock:
+            self._claims_in_flight -= 1
+        if outcome is None:
+            raise RuntimeError("finish_claim() before the claim was done")
+        ok, value = outcome
+        if not ok:
+            self._acks_failed(taken)  # still ours to write: retried with the next claim or flush
+            raise value
+        claimed, done = value
         self._acks_written(taken, done)
         if plan.wanted:
             self._last_claimed = len(claimed)
@@ -655,21 +694,26 @@ class Transport(virtual.Transport):
         them back in place (attempt not spent) instead of leaving them to rescue."""
         if self._pending_claim is None:
             return
-        if not self.claimer.wait(timeout):
-            logger.error(
-                "kombu-akadze: a claim was still running after %.0f s at stop; what it claims is rescued "
-                "after heartbeat_ttl",
-                timeout,
-            )
-            return
+        if self._claim_outcome is None:
+            try:
+                outcome = self.store.message_ack_claim_wait(timeout)
+            except AkadzeError as exc:
+                self._claim_outcome = (False, exc)
+            else:
+                if outcome is None:
+                    logger.error(
+                        "kombu-akadze: a claim was still running after %.0f s at stop; what it claims is "
+                        "rescued after heartbeat_ttl",
+                        timeout,
+                    )
+                    self.store.close()
+                    self._claim_outcome = (False, TransientDatabaseError("claim abandoned at stop"))
+                else:
+                    self._claim_outcome = (True, outcome)
         try:
             self.finish_claim()
         except AkadzeError as exc:
             logger.warning("kombu-akadze: the last claim before stop failed: %s", exc)
-
-    @cached_property
-    def claimer(self) -> Claimer:
-        return Claimer(self.waker.wake)
 
     def _may_claim(self) -> bool:
         self._ensure_consumer()

@@ -41,3 +41,16 @@ LOCK TABLE {schema}.messages IN ROW EXCLUSIVE MODE;
 -- name: messages_count
 -- Rows of every state in the messages table.
 SELECT count(*) FROM {schema}.messages;
+
+-- name: lock_messages_exclusive
+-- A lock every statement on the table waits for, claims included, until this transaction ends.
+LOCK TABLE {schema}.messages IN ACCESS EXCLUSIVE MODE;
+
+-- name: terminate_sessions
+-- End the backends of sessions whose application_name is %(name)s; how many were ended. The pids are
+-- picked first (MATERIALIZED): with the filter and the call in one WHERE the planner may call
+-- pg_terminate_backend on rows the filter would have dropped, this session's own included.
+WITH picked AS MATERIALIZED (
+    SELECT pid FROM pg_stat_activity WHERE application_name = %(name)s AND pid <> pg_backend_pid()
+)
+SELECT count(*) AS ended FROM picked WHERE pg_terminate_backend(pid, 5000);

@@ -1,0 +1,127 @@
+"""The event loop's ack+claim statement sent without waiting (Store.message_ack_claim_start/read/wait), real PG."""
+
+from __future__ import annotations
+
+import select
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from kombu_akadze import sqlfiles
+from kombu_akadze.errors import TransientDatabaseError
+from kombu_akadze.store import NewMessage, Store
+
+SQL = sqlfiles.parse_blocks(Path(__file__).with_name("inspect.sql").read_text())
+OWNER = "loop-consumer"
+
+
+@pytest.fixture(params=[True, False], ids=["prepared", "unprepared"])
+def loop_store(request: pytest.FixtureRequest, pg_url: str, schema: str) -> Iterator[Store]:
+    s = Store(pg_url, schema=schema, role="loopclaim", prepared_statements=request.param, generic_plans=True)
+    s.consumer_heartbeat(consumer_id=OWNER, hostname="h", pid=1)
+    yield s
+    s.close()
+
+
+def _locked(pg_url: str, schema: str, store: Store) -> psycopg.Connection:
+    """A session holding an ACCESS EXCLUSIVE lock on the messages table until it commits (after one
+    claim on *store*, which prepares the statement: PREPARE itself would wait for the lock)."""
+    store.message_ack_claim_start(acks=[], queues=["warm-up"], limits=[1], owner=OWNER)
+    assert store.message_ack_claim_wait(30) == ([], set())
+    conn = psycopg.connect(pg_url)
+    conn.execute(SQL["lock_messages_exclusive"].replace("{schema}", sqlfiles.quote_ident(schema)))
+    return conn
+
+
+def test_a_sent_claim_gives_what_the_blocking_claim_gives(loop_store: Store, store: Store) -> None:
+    when = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    for i in range(5):
+        store.message_insert(NewMessage(queue="q", body=bytes([0, 255, i]), headers={"i": i, "eta": when}))
+    loop_store.message_ack_claim_start(acks=[], queues=["q"], limits=[3], owner=OWNER)
+    outcome = loop_store.message_ack_claim_wait(30)
+    assert outcome is not None
+    claimed, acked = outcome
+    assert acked == set()
+    assert [m.body for m in claimed] == [bytes([0, 255, i]) for i in range(3)]
+    assert [m.headers for m in claimed] == [{"i": i, "eta": when} for i in range(3)]
+    assert {m.run_count for m in claimed} == {1}
+    loop_store.message_ack_claim_start(acks=[m.tag for m in claimed], queues=["q"], limits=[5], owner=OWNER)
+    outcome = loop_store.message_ack_claim_wait(30)
+    assert outcome is not None
+    rest, acked = outcome
+    assert acked == {m.id for m in claimed}
+    assert [m.body for m in rest] == [bytes([0, 255, i]) for i in (3, 4)]
+    assert store.message_counts() == {("q", "held"): 2}
+
+
+def test_the_outcome_is_read_only_once_it_has_arrived(
+    loop_store: Store, store: Store, pg_url: str, schema: str
+) -> None:
+    store.message_insert(NewMessage(queue="q", body=b"x"))
+    blocker = _locked(pg_url, schema, loop_store)
+    try:
+        fd = loop_store.message_ack_claim_start(acks=[], queues=["q"], limits=[1], owner=OWNER)
+        assert loop_store.message_ack_claim_read() is None  # the claim waits on the lock
+        assert loop_store.message_ack_claim_wait(0.2) is None
+        assert loop_store.fileno_in_flight() == fd
+    finally:
+        blocker.commit()
+        blocker.close()
+    readable, _, _ = select.select([fd], [], [], 30)
+    assert readable, "the claim's socket never became readable once the lock was gone"
+    outcome = loop_store.message_ack_claim_wait(30)
+    assert outcome is not None
+    assert [m.body for m in outcome[0]] == [b"x"]
+    assert loop_store.fileno_in_flight() is None
+
+
+def test_another_statement_on_the_session_first_lands_the_claim_and_keeps_its_outcome(
+    loop_store: Store, store: Store
+) -> None:
+    store.message_insert(NewMessage(queue="q", body=b"y"))
+    landings: list[bool] = []
+    loop_store.on_claim_landing = lambda: landings.append(True)
+    loop_store.message_ack_claim_start(acks=[], queues=["q"], limits=[1], owner=OWNER)
+    assert loop_store.queue_size(name="q") == 0  # runs after the claim, on the same session
+    assert landings == [True]
+    assert loop_store.claim_landed()
+    outcome = loop_store.message_ack_claim_read()
+    assert outcome is not None
+    assert [m.body for m in outcome[0]] == [b"y"]
+    with pytest.raises(RuntimeError, match="no message_ack_claim in flight"):
+        loop_store.message_ack_claim_read()
+
+
+def test_a_second_claim_before_the_first_is_read_is_refused(loop_store: Store) -> None:
+    loop_store.message_ack_claim_start(acks=[], queues=["q"], limits=[1], owner=OWNER)
+    with pytest.raises(RuntimeError, match="already in flight"):
+        loop_store.message_ack_claim_start(acks=[], queues=["q"], limits=[1], owner=OWNER)
+    assert loop_store.message_ack_claim_wait(30) == ([], set())
+
+
+def test_a_session_ended_mid_claim_is_a_transient_error_and_the_next_claim_reconnects(
+    loop_store: Store, store: Store, pg_url: str, schema: str
+) -> None:
+    """Injected: the claim session's backend terminated while its claim waits on a lock. 1 message in,
+    the failed claim took nothing (its transaction died with the session), the retry claims it: 0 lost."""
+    store.message_insert(NewMessage(queue="q", body=b"z"))
+    blocker = _locked(pg_url, schema, loop_store)
+    try:
+        loop_store.message_ack_claim_start(acks=[], queues=["q"], limits=[1], owner=OWNER)
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            ended = admin.execute(SQL["terminate_sessions"], {"name": "akadze-loopclaim"}).fetchone()
+        assert ended is not None
+        assert ended[0] == 1
+        with pytest.raises(TransientDatabaseError, match="message_ack_claim"):
+            loop_store.message_ack_claim_wait(30)
+    finally:
+        blocker.commit()
+        blocker.close()
+    assert store.message_counts() == {("q", "ready"): 1}
+    loop_store.message_ack_claim_start(acks=[], queues=["q"], limits=[1], owner=OWNER)
+    outcome = loop_store.message_ack_claim_wait(30)
+    assert outcome is not None
+    assert [m.body for m in outcome[0]] == [b"z"]
