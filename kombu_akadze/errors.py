@@ -1,4 +1,4 @@
-"""The one exception hierarchy of kombu-akadze; psycopg errors are translated into it in store.py."""
+"""The one exception hierarchy of kombu-akadze; psycopg errors are translated into it by kombu_akadze.store."""
 
 from __future__ import annotations
 

@@ -1,0 +1,61 @@
+"""The only package that runs SQL at run time: one method per named query, psycopg errors translated here.
+
+``Store`` is one session and every named query, grouped by what they touch: the session itself
+(session.py), the messages table (messages.py), the event loop's non-blocking claim (loop.py), and
+consumers, queues, exchanges and operations (admin.py); records.py holds what they take and return.
+"""
+
+from __future__ import annotations
+
+from kombu_akadze.store.admin import AdminQueries
+from kombu_akadze.store.loop import LoopClaims
+from kombu_akadze.store.messages import MessageQueries
+from kombu_akadze.store.records import (
+    ClaimedMessage,
+    DeadLetter,
+    DeadLetterFilter,
+    DeadLetterSummary,
+    NewMessage,
+    Outcome,
+    QueueStats,
+    ReplayResult,
+    StatsSnapshot,
+    TableSize,
+    Tag,
+)
+from kombu_akadze.store.session import (
+    DRIVER_VERSION,
+    KEEPALIVE_DEFAULTS,
+    connect,
+    is_transient,
+    kombu_json_setup,
+    notify_channel,
+    translate,
+)
+
+
+class Store(MessageQueries, LoopClaims, AdminQueries):
+    """One database session (autocommit) and the named queries that run on it. Thread-safe."""
+
+
+__all__ = [
+    "DRIVER_VERSION",
+    "KEEPALIVE_DEFAULTS",
+    "ClaimedMessage",
+    "DeadLetter",
+    "DeadLetterFilter",
+    "DeadLetterSummary",
+    "NewMessage",
+    "Outcome",
+    "QueueStats",
+    "ReplayResult",
+    "StatsSnapshot",
+    "Store",
+    "TableSize",
+    "Tag",
+    "connect",
+    "is_transient",
+    "kombu_json_setup",
+    "notify_channel",
+    "translate",
+]

@@ -1,0 +1,173 @@
+"""Store methods of the messages table: publish, claim, ack, release, requeue, bury, get."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from kombu_akadze.store.records import (
+    ClaimedMessage,
+    NewMessage,
+    Outcome,
+    Tag,
+    ack_claim_outcome,
+    claimed_messages,
+    requeue_outcome,
+    split_tags,
+)
+from kombu_akadze.store.session import Session
+
+
+class MessageQueries(Session):
+    # -- messages -----------------------------------------------------------
+
+    def message_insert(self, message: NewMessage, *, now: datetime | None = None) -> int | None:
+        """The new row's id; None when the queue is full and rejects publishes (x-overflow)."""
+        rows = self._run("message_insert", {**self._message_params(message), "queue": message.queue, "now": now})
+        return int(rows[0]["id"]) if rows else None
+
+    def message_route(
+        self, message: NewMessage, *, exchange: str, routing_key: str, now: datetime | None = None
+    ) -> tuple[list[str], int]:
+        """Publish through *exchange*: (queues that got a copy, queues that matched)."""
+        params = {**self._message_params(message), "exchange": exchange, "routing_key": routing_key, "now": now}
+        rows = self._run("message_route", params)
+        return [r["queue"] for r in rows if r["id"] is not None], int(rows[0]["targets"]) if rows else 0
+
+    def message_insert_many(self, messages: Sequence[NewMessage], *, now: datetime | None = None) -> int:
+        if not messages:
+            return 0
+        self._run(
+            "message_insert_many",
+            {
+                "queues": [m.queue for m in messages],
+                "priorities": [m.priority for m in messages],
+                "bodies": [m.body for m in messages],
+                "content_types": [m.content_type for m in messages],
+                "content_encodings": [m.content_encoding for m in messages],
+                "headers": [Jsonb(m.headers or {}) for m in messages],
+                "properties": [Jsonb(m.properties or {}) for m in messages],
+                "delays": [float(m.delay) for m in messages],
+                "ttls": [m.ttl for m in messages],
+                "now": now,
+                "channel": self.channel,
+            },
+        )
+        return len(messages)
+
+    def message_route_many(
+        self, batch: Sequence[tuple[str, str, NewMessage]], *, now: datetime | None = None
+    ) -> tuple[int, int]:
+        """Publish (exchange, routing_key, message) triples in one statement: (rows inserted, routed)."""
+        if not batch:
+            return 0, 0
+        messages = [m for _, _, m in batch]
+        rows = self._run(
+            "message_route_many",
+            {
+                "exchanges": [e for e, _, _ in batch],
+                "routing_keys": [k for _, k, _ in batch],
+                "priorities": [m.priority for m in messages],
+                "bodies": [m.body for m in messages],
+                "content_types": [m.content_type for m in messages],
+                "content_encodings": [m.content_encoding for m in messages],
+                "headers": [Jsonb(m.headers or {}) for m in messages],
+                "properties": [Jsonb(m.properties or {}) for m in messages],
+                "ttls": [m.ttl for m in messages],
+                "not_befores": [m.not_before for m in messages],
+                "now": now,
+                "channel": self.channel,
+            },
+        )
+        return int(rows[0]["inserted"]), int(rows[0]["routed"])
+
+    def message_claim(
+        self, *, queues: Sequence[str], limits: Sequence[int], owner: str, now: datetime | None = None
+    ) -> list[ClaimedMessage]:
+        rows = self._run(
+            "message_claim",
+            {"queues": list(queues), "limits": list(limits), "owner": owner, "now": now},
+        )
+        return claimed_messages(rows)
+
+    def message_ack_claim(
+        self,
+        *,
+        acks: Iterable[Tag],
+        queues: Sequence[str],
+        limits: Sequence[int],
+        owner: str,
+        now: datetime | None = None,
+    ) -> tuple[list[ClaimedMessage], set[int]]:
+        """Write finished runs and claim the next messages in one statement: (claimed, acked ids)."""
+        ack_ids, ack_run_counts = split_tags(acks)
+        rows = self._run(
+            "message_ack_claim",
+            {
+                "ack_ids": ack_ids,
+                "ack_run_counts": ack_run_counts,
+                "queues": list(queues),
+                "limits": list(limits),
+                "owner": owner,
+                "now": now,
+            },
+        )
+        return ack_claim_outcome(rows)
+
+    def message_ack(self, tags: Iterable[Tag]) -> set[int]:
+        return self._ids("message_ack", tags)
+
+    def message_release(self, tags: Iterable[Tag]) -> set[int]:
+        return self._ids("message_release", tags, channel=self.channel)
+
+    def message_bury(self, tags: Iterable[Tag], *, reason: str) -> set[int]:
+        return self._ids("message_bury", tags, reason=reason)
+
+    def message_requeue(self, tags: Iterable[Tag], *, max_attempts: int) -> Outcome:
+        ids, run_counts = split_tags(tags)
+        if not ids:
+            return Outcome(frozenset(), frozenset())
+        rows = self._run(
+            "message_requeue",
+            {
+                "ids": ids,
+                "run_counts": run_counts,
+                "max_attempts": max_attempts,
+                "exhausted_reason": "max_attempts exceeded",
+                "channel": self.channel,
+            },
+        )
+        return requeue_outcome(rows)
+
+    def _ids(self, name: str, tags: Iterable[Tag], **extra: Any) -> set[int]:
+        ids, run_counts = split_tags(tags)
+        if not ids:
+            return set()
+        rows = self._run(name, {"ids": ids, "run_counts": run_counts, **extra})
+        return {int(r["id"]) for r in rows}
+
+    def lease_rescue(self, *, ttl: float, max_attempts: int, now: datetime | None = None) -> Outcome:
+        rows = self._run(
+            "lease_rescue",
+            {
+                "ttl": float(ttl),
+                "max_attempts": max_attempts,
+                "exhausted_reason": "max_attempts exceeded",
+                "now": now,
+                "channel": self.channel,
+            },
+        )
+        return requeue_outcome(rows)
+
+    def message_get(self, message_id: int) -> dict[str, Any] | None:
+        rows = self._run("message_get", {"id": message_id})
+        return rows[0] if rows else None
+
+    def message_counts(self) -> dict[tuple[str, str], int]:
+        return {(r["queue"], r["state"]): int(r["n"]) for r in self._run("message_counts")}
+
+    def deadletter_list(self, *, queue: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+        return self._run("deadletter_list", {"queue": queue, "limit": limit})

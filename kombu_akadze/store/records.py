@@ -1,0 +1,193 @@
+"""What the store's methods take and return: plain dataclasses, and the rows they are made from."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+#: A claimed run of a message: the row id and the run_count it was claimed with.
+Tag = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class ClaimedMessage:
+    id: int
+    queue: str
+    priority: int
+    body: bytes
+    content_type: str | None
+    content_encoding: str | None
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+    run_count: int
+    attempts: int
+
+    @property
+    def tag(self) -> Tag:
+        return (self.id, self.run_count)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a requeue or rescue did: ids back to ready, ids sent to dead letters."""
+
+    ready: frozenset[int]
+    dead: frozenset[int]
+    consumers_gone: int = 0
+
+
+@dataclass(frozen=True)
+class NewMessage:
+    queue: str
+    body: bytes
+    priority: int = 0
+    content_type: str | None = None
+    content_encoding: str | None = None
+    headers: dict[str, Any] | None = None
+    properties: dict[str, Any] | None = None
+    delay: float = 0.0
+    #: Seconds until the message expires if still ready (RabbitMQ's per-message expiration).
+    ttl: float | None = None
+    #: Not claimable before this time (a far Celery ETA, minus the native-delay lead).
+    not_before: datetime | None = None
+
+
+def split_tags(tags: Iterable[Tag]) -> tuple[list[int], list[int]]:
+    ids: list[int] = []
+    run_counts: list[int] = []
+    for message_id, run_count in tags:
+        ids.append(int(message_id))
+        run_counts.append(int(run_count))
+    return ids, run_counts
+
+
+def ack_claim_outcome(rows: list[dict[str, Any]]) -> tuple[list[ClaimedMessage], set[int]]:
+    """message_ack_claim's rows: (claimed messages, acked ids)."""
+    acked = {int(r["id"]) for r in rows if r["acked"]}
+    return claimed_messages([r for r in rows if not r["acked"]]), acked
+
+
+def claimed_messages(rows: list[dict[str, Any]]) -> list[ClaimedMessage]:
+    """Claimed rows as messages, in claim order (priority first, then publish order)."""
+    claimed = [
+        ClaimedMessage(
+            id=r["id"],
+            queue=r["queue"],
+            priority=r["priority"],
+            body=bytes(r["body"]),
+            content_type=r["content_type"],
+            content_encoding=r["content_encoding"],
+            headers=r["headers"],
+            properties=r["properties"],
+            run_count=r["run_count"],
+            attempts=r["attempts"],
+        )
+        for r in rows
+    ]
+    claimed.sort(key=lambda m: (-m.priority, m.id))
+    return claimed
+
+
+def requeue_outcome(rows: list[dict[str, Any]]) -> Outcome:
+    ready = frozenset(int(r["id"]) for r in rows if r["outcome"] == "ready")
+    dead = frozenset(int(r["id"]) for r in rows if r["outcome"] == "dead")
+    gone = sum(1 for r in rows if r["outcome"] == "consumer_gone")
+    return Outcome(ready, dead, gone)
+
+
+# -- operations records --
+
+
+@dataclass(frozen=True)
+class TableSize:
+    heap_bytes: int
+    index_bytes: int
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """One queue's depth: ready now, held by consumers, delayed (ready later), dead letters."""
+
+    queue: str
+    ready: int
+    held: int
+    delayed: int
+    dead: int
+    #: Seconds the oldest ready message has been claimable (None: nothing ready).
+    oldest_ready_age_seconds: float | None
+    #: Live consumers of the whole schema (the consumers table does not record queues).
+    consumers_alive: int
+
+
+@dataclass(frozen=True)
+class StatsSnapshot:
+    taken_at: datetime
+    consumers_alive: int
+    queues: tuple[QueueStats, ...]
+
+
+@dataclass(frozen=True)
+class DeadLetterFilter:
+    """Which dead letters a find, count, replay or purge touches; None means any."""
+
+    ids: tuple[int, ...] | None = None
+    queue: str | None = None
+    task: str | None = None
+    reason: str | None = None
+    #: Seconds: only dead letters buried longer ago than this.
+    older_than: float | None = None
+
+    @property
+    def is_empty(self) -> bool:
+        return all(v is None for v in (self.ids, self.queue, self.task, self.reason, self.older_than))
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "ids": None if self.ids is None else [int(i) for i in self.ids],
+            "queue": self.queue,
+            "task": self.task,
+            "reason": self.reason,
+            "older_than": None if self.older_than is None else float(self.older_than),
+        }
+
+
+@dataclass(frozen=True)
+class DeadLetterSummary:
+    id: int
+    queue: str
+    task: str | None
+    reason: str
+    run_count: int
+    attempts: int
+    last_owner: str | None
+    created_at: datetime
+    dead_at: datetime
+    body_size: int
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    id: int
+    queue: str
+    priority: int
+    body: bytes
+    content_type: str | None
+    content_encoding: str | None
+    headers: dict[str, Any]
+    properties: dict[str, Any]
+    run_count: int
+    attempts: int
+    reason: str
+    last_owner: str | None
+    created_at: datetime
+    dead_at: datetime
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """Ids put back as ready, and ids whose dead letter was dropped because the message is already live."""
+
+    replayed: frozenset[int]
+    already_live: frozenset[int]

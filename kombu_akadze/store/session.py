@@ -1,0 +1,255 @@
+"""One database session: connecting (keepalives, role names, generic plans), fork safety, errors translated."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from kombu.utils import json as kombu_json
+from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from kombu_akadze import sqlfiles
+from kombu_akadze.errors import DatabaseError, SchemaNotAppliedError, TransientDatabaseError
+from kombu_akadze.urls import mask_password
+
+if TYPE_CHECKING:
+    from kombu_akadze.store.loop import InFlight
+    from kombu_akadze.store.records import NewMessage
+
+logger = logging.getLogger("kombu_akadze")
+
+DRIVER_VERSION = psycopg.__version__
+
+
+# libpq defaults that make a black-holed TCP connection fail within seconds, not hours;
+# a URL or conninfo that sets any of these wins.
+KEEPALIVE_DEFAULTS = {
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "20000",
+}
+
+# SQLSTATE classes that a retry can outlive: connection exceptions, insufficient
+# resources (too many connections), operator intervention (admin shutdown, crash,
+# cannot connect now), transaction rollback (deadlock, serialization), and a
+# read-only transaction (we reached a standby during failover).
+_TRANSIENT_SQLSTATE_PREFIXES = ("08", "53", "57P", "40")
+_TRANSIENT_SQLSTATES = {"25006", "57014"}
+
+# Connections inherited by a forked child: kept referenced so that garbage
+# collection never closes them, which would end the parent's sessions.
+_INHERITED: list[Any] = []
+_LIVE_STORES: weakref.WeakSet[Session] = weakref.WeakSet()
+
+
+def _forget_after_fork() -> None:
+    for store in list(_LIVE_STORES):
+        store.forget()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a psycopg error is one a reconnect or retry can outlive."""
+    if isinstance(exc, psycopg.InterfaceError):
+        return True
+    if not isinstance(exc, psycopg.Error):
+        return False
+    state = exc.sqlstate
+    if state is None:
+        return isinstance(exc, psycopg.OperationalError)
+    return state in _TRANSIENT_SQLSTATES or state.startswith(_TRANSIENT_SQLSTATE_PREFIXES)
+
+
+def translate(exc: psycopg.Error, what: str, schema: str) -> DatabaseError:
+    """The kombu-akadze error for a psycopg error; callers ``raise translate(...) from exc``."""
+    detail = mask_password(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+    if is_transient(exc):
+        return TransientDatabaseError(f"{what}: transient database error, will retry: {detail}")
+    if isinstance(exc, pg_errors.UndefinedTable | pg_errors.InvalidSchemaName):
+        return SchemaNotAppliedError(
+            f"{what}: the kombu-akadze schema {schema!r} is not there ({detail}); "
+            "run `akadze migrate --url ...` or enable the transport option auto_migrate"
+        )
+    if isinstance(exc, pg_errors.UntranslatableCharacter):
+        return DatabaseError(
+            f"{what}: {detail}; a header or property holds a NUL character (U+0000), which PostgreSQL's jsonb "
+            "cannot store: remove it there (a message body may hold any bytes)"
+        )
+    if isinstance(exc, pg_errors.InsufficientPrivilege):
+        return DatabaseError(
+            f"{what}: permission denied ({detail}); the role needs SELECT, INSERT, UPDATE, DELETE "
+            f"on the tables of schema {schema!r} (see docs/operations.md)"
+        )
+    return DatabaseError(f"{what}: {detail}")
+
+
+def connect(
+    dsn: str,
+    *,
+    role: str,
+    connect_timeout: float,
+    autocommit: bool = True,
+    prepared_statements: bool = True,
+    generic_plans: bool = False,
+) -> psycopg.Connection[Any]:
+    """A new connection with keepalive defaults and an application_name that names its role; with
+    *generic_plans* (and prepared statements) its prepared statements keep one plan (see queries.sql)."""
+    params: dict[str, Any] = dict(conninfo_to_dict(dsn))
+    is_socket = str(params.get("host", "")).startswith("/")
+    if not is_socket:
+        for key, value in KEEPALIVE_DEFAULTS.items():
+            params.setdefault(key, value)
+    params.setdefault("application_name", f"akadze-{role}")
+    params.setdefault("connect_timeout", str(max(1, int(connect_timeout))))
+    conn = psycopg.connect(**params, autocommit=autocommit)
+    if not prepared_statements:
+        conn.prepare_threshold = None
+    elif generic_plans:
+        try:
+            conn.execute(sqlfiles.render("queries.sql", "session_generic_plans"))
+        except psycopg.Error:
+            conn.close()
+            raise
+    kombu_json_setup(conn)
+    return conn
+
+
+def kombu_json_setup(conn: psycopg.Connection[Any]) -> None:
+    """JSON columns use kombu's codec so datetimes, UUIDs and decimals in headers round-trip."""
+    psycopg.types.json.set_json_loads(kombu_json.loads, conn)
+    psycopg.types.json.set_json_dumps(kombu_json.dumps, conn)
+
+
+def notify_channel(schema: str) -> str:
+    """The NOTIFY channel of one schema: at most 63 bytes (pg_notify refuses longer ones, LISTEN would
+    truncate them), cut at a character boundary; the schema name may be multibyte."""
+    return ("akadze." + schema).encode("utf-8")[:63].decode("utf-8", "ignore")
+
+
+class Session:
+    """One database session (autocommit): connecting, reconnecting, running a named query. Thread-safe."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str,
+        role: str = "command",
+        connect_timeout: float = 10.0,
+        prepared_statements: bool = True,
+        generic_plans: bool = False,
+    ) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        self.role = role
+        self.connect_timeout = connect_timeout
+        self.prepared_statements = prepared_statements
+        self.generic_plans = generic_plans
+        self.channel = notify_channel(schema)
+        self._conn: psycopg.Connection[Any] | None = None
+        self._lock = threading.RLock()
+        #: The statement message_ack_claim_start() sent and whose result has not been read yet.
+        self._in_flight: InFlight | None = None
+        #: Its outcome, when another statement on this session had to read it first: (ok, value).
+        self._landed: tuple[bool, Any] | None = None
+        #: Called (on whichever thread) before that happens: the event loop stops watching the socket
+        #: (the wait may close and reopen the session) and collects the outcome on its next tick.
+        self.on_claim_landing: Callable[[], None] | None = None
+        #: The session on which message_ack_claim is prepared under _LOOP_CLAIM (once per session).
+        self._loop_prepared_on: psycopg.Connection[Any] | None = None
+        _LIVE_STORES.add(self)
+
+    def __repr__(self) -> str:
+        return f"<Store {self.role} {mask_password(self.dsn)} schema={self.schema!r}>"
+
+    # -- connection ---------------------------------------------------------
+
+    def connection(self) -> psycopg.Connection[Any]:
+        with self._lock:
+            if self._conn is None or self._conn.closed or self._conn.broken:
+                self._drop()
+                try:
+                    self._conn = connect(
+                        self.dsn,
+                        role=self.role,
+                        connect_timeout=self.connect_timeout,
+                        prepared_statements=self.prepared_statements,
+                        generic_plans=self.generic_plans,
+                    )
+                except psycopg.Error as exc:
+                    raise translate(exc, f"connecting to {mask_password(self.dsn)}", self.schema) from exc
+            return self._conn
+
+    @property
+    def connected(self) -> bool:
+        conn = self._conn
+        return conn is not None and not conn.closed and not conn.broken
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def forget(self) -> None:
+        """After fork: never touch the parent's session from the child (see _INHERITED)."""
+        if self._conn is not None:
+            _INHERITED.append(self._conn)
+        self._conn = None
+        self._in_flight = None
+        self._landed = None
+        self._loop_prepared_on = None
+        self._lock = threading.RLock()
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        self._in_flight = None
+        self._loop_prepared_on = None
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error):  # closing a broken connection: nothing left to save
+                conn.close()
+
+    def _land_in_flight(self) -> None:
+        """Wait for the event loop's claim in flight before another statement (see LoopClaims)."""
+        raise RuntimeError("a statement is in flight on this session")
+
+    def _message_params(self, message: NewMessage) -> dict[str, Any]:
+        return {
+            "priority": message.priority,
+            "body": message.body,
+            "content_type": message.content_type,
+            "content_encoding": message.content_encoding,
+            "headers": Jsonb(message.headers or {}),
+            "properties": Jsonb(message.properties or {}),
+            "delay": float(message.delay),
+            "ttl": message.ttl,
+            "not_before": message.not_before,
+            "channel": self.channel,
+        }
+
+    def _run(self, name: str, params: dict[str, Any] | None = None, *, fetch: bool = True) -> list[dict[str, Any]]:
+        query = sqlfiles.render("queries.sql", name, schema=self.schema)
+        with self._lock:
+            if self._in_flight is not None:
+                self._land_in_flight()
+            conn = self.connection()
+            try:
+                with conn.cursor(row_factory=dict_row) as cur:
+                    cur.execute(query, params or {})
+                    return cur.fetchall() if fetch and cur.description else []
+            except psycopg.Error as exc:
+                if conn.broken or is_transient(exc):
+                    self._drop()
+                raise translate(exc, name, self.schema) from exc
