@@ -61,8 +61,6 @@ import socket
 import threading
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
-from queue import Empty
 from typing import Any
 
 from kombu.exceptions import ChannelError
@@ -71,229 +69,23 @@ from kombu.transport import virtual
 from kombu.utils.objects import cached_property
 
 from kombu_akadze import embedded, migrate
+from kombu_akadze.channel import Channel
 from kombu_akadze.compact import Compactor
-from kombu_akadze.delivery import Deliverer, Round, payload_of
-from kombu_akadze.errors import AkadzeError, MessageTooLargeError, QueueFullError, TransientDatabaseError
+from kombu_akadze.delivery import Deliverer, Round
+from kombu_akadze.errors import AkadzeError, TransientDatabaseError
 from kombu_akadze.events import HubDriver, Listener, Waker, jittered
-from kombu_akadze.exchanges import ExchangeMixin, milliseconds
 from kombu_akadze.heartbeat import Heartbeat
 from kombu_akadze.options import Options
 from kombu_akadze.qos import QoS, parse_tag
-from kombu_akadze.store import DRIVER_VERSION, ClaimedMessage, NewMessage, Store
+from kombu_akadze.store import DRIVER_VERSION, ClaimedMessage, Store
 from kombu_akadze.urls import is_embedded, mask_password, to_dsn
 from kombu_akadze.vacuum import Vacuumer
 
 logger = logging.getLogger("kombu_akadze")
 
 
-class Channel(ExchangeMixin, virtual.Channel):
-    """A kombu channel whose queues are rows of the messages table."""
-
-    QoS = QoS
-    connection: Transport
-    # Bodies are stored as bytea, so no base64 detour.
-    body_encoding = None  # type: ignore[assignment]
-
-    @property
-    def store(self) -> Store:
-        if self.connection is None:
-            raise _closed_channel()
-        return self.connection.store
-
-    @property
-    def max_attempts_default(self) -> int:
-        return self.connection.options.max_attempts
-
-    # -- publish ------------------------------------------------------------
-
-    #: Publishes buffered by kombu_akadze.batch.publishing(), written as one statement at its end.
-    _batch: list[tuple[str, str, NewMessage]] | None = None
-
-    def basic_publish(self, message: dict[str, Any], exchange: str, routing_key: str, **kwargs: Any) -> None:
-        if self.connection is None:
-            raise _closed_channel()
-        self._inplace_augment_message(message, exchange, routing_key)
-        if self._batch is not None:
-            self._batch.append((exchange or "", routing_key, self._new_message(routing_key, message)))
-            return
-        if exchange:
-            self.route(exchange, routing_key, self._new_message(routing_key, message))
-        else:  # the default exchange: the routing key names the queue
-            self._put(routing_key, message)
-
-    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
-        if self.store.message_insert(self._new_message(queue, message)) is None:
-            raise QueueFullError(
-                f"queue {queue!r} is full (x-max-length with x-overflow=reject-publish); the message was "
-                "not stored: retry later or raise the limit"
-            )
-
-    def _new_message(self, queue: str, message: dict[str, Any]) -> NewMessage:
-        body = message.get("body") or b""
-        if isinstance(body, str):
-            body = body.encode("utf-8")
-        if not isinstance(body, bytes | bytearray | memoryview):
-            raise TypeError(
-                f"message body for queue {queue!r} must be bytes or str, not {type(body).__name__}: "
-                "with content_type=... kombu sends the body as it is; leave content_type out to serialize it"
-            )
-        limit = self.connection.options.max_message_size
-        if limit and len(body) > limit:
-            raise MessageTooLargeError(
-                f"message body of {len(body)} bytes for queue {queue!r} is over max_message_size={limit} bytes; "
-                "put the payload in object storage and send a reference, or raise the transport option"
-            )
-        properties = dict(message.get("properties") or {})
-        properties.pop("delivery_tag", None)
-        expiration = properties.get("expiration")
-        return NewMessage(
-            queue=queue,
-            body=bytes(body),
-            priority=self._get_message_priority(message),
-            content_type=message.get("content-type"),
-            content_encoding=message.get("content-encoding"),
-            headers=_storable_headers(message.get("headers") or {}),
-            properties=properties,
-            ttl=milliseconds(properties, "expiration") if expiration is not None else None,
-            not_before=self._native_delay(message),
-        )
-
-    def _native_delay(self, message: dict[str, Any]) -> datetime | None:
-        """A Celery ETA further ahead than native_delay_threshold: not claimable until that long before it,
-        so far-future tasks hold no lease and no worker memory (nearer ETAs keep Celery's behaviour)."""
-        threshold = self.connection.options.native_delay_threshold
-        eta = (message.get("headers") or {}).get("eta")
-        if not threshold or not eta:
-            return None
-        when = eta if isinstance(eta, datetime) else _parse_eta(eta)
-        if when is None:
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
-        lead = timedelta(seconds=threshold)
-        return when - lead if when - datetime.now(timezone.utc) > lead else None
-
-    # -- consume ------------------------------------------------------------
-
-    def _get(self, queue: str, timeout: float | None = None) -> dict[str, Any]:
-        claimed = self.connection.claim([queue], [1])
-        if not claimed:
-            raise Empty()
-        return payload_of(claimed[0])
-
-    def _size(self, queue: str) -> int:
-        return self.store.queue_size(name=queue)
-
-    def _purge(self, queue: str) -> int:
-        self._write_buffered_outcomes()
-        return self.store.queue_purge(name=queue)
-
-    def _new_queue(self, queue: str, **kwargs: Any) -> None:
-        self.queue_declare(queue, **kwargs)
-
-    def _has_queue(self, queue: str, **kwargs: Any) -> bool:
-        return self.store.queue_exists(name=queue)
-
-    def _delete(self, queue: str, *args: Any, **kwargs: Any) -> None:
-        self.queue_delete(queue)
-
-    def queue_delete(self, queue: str, if_unused: bool = False, if_empty: bool = False, **kwargs: Any) -> int | None:
-        """Drop the queue, its bindings and its messages."""
-        if if_empty and self._size(queue):
-            return None
-        self.connection.declared.clear()
-        self._write_buffered_outcomes()
-        return self.store.queue_delete(name=queue)
-
-    def _write_buffered_outcomes(self) -> None:
-        """Acks and rejects this connection buffered go out before a purge or delete, as RabbitMQ's
-        channel applies them in order: else a delete took the held rows first, and every ack of a run
-        the consumer had finished was reported as "changed nothing"."""
-        self.connection.flush_outcomes()
-
-    def after_reply_message_received(self, queue: str) -> None:
-        """kombu drops a reply queue once its replies are in (inspect, ping): write the buffered outcomes
-        of those no_ack deliveries first, or their rows go with the queue and every ack "changed nothing"."""
-        if self._qos is not None:
-            self._qos.flush()
-        super().after_reply_message_received(queue)
-
-    def basic_qos(self, prefetch_size: int = 0, prefetch_count: int = 0, apply_global: bool = False) -> None:
-        """A wider window (Celery widens it for every ETA task it holds) may be filled at once."""
-        super().basic_qos(prefetch_size, prefetch_count, apply_global)
-        self.connection.wake(ready=True)
-
-    def basic_consume(self, queue: str, no_ack: bool, callback: Any, consumer_tag: str, **kwargs: Any) -> Any:
-        result = super().basic_consume(queue, no_ack, callback, consumer_tag, **kwargs)
-        if no_ack:
-            # kombu tracks (and so acks) only deliveries of ack-mode consumers: without this the row of a
-            # no_ack delivery (Celery's pidbox) stayed held, and was rescued and replayed once its worker left.
-            deliver = self.connection._callbacks[queue]
-
-            def forget_then_deliver(raw_message: dict[str, Any]) -> Any:
-                self.qos.forget(raw_message["properties"]["delivery_tag"])
-                return deliver(raw_message)
-
-            self.connection._callbacks[queue] = forget_then_deliver
-        self.store.queue_touch(queues=[queue])
-        return result
-
-    def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:
-        message = super().basic_get(queue, no_ack, **kwargs)
-        if message is not None and no_ack:
-            self.qos.forget(message.delivery_tag)  # as basic_consume: a no_ack delivery is not held
-        return message
-
-    def close(self) -> None:
-        """Buffered (claimed, not yet delivered) messages go back first; then kombu restores the unacked."""
-        if not self.closed and self.connection is not None:
-            self.connection.deliverer.release_buffered(self)
-            if self._qos is not None:
-                self._qos.flush()
-        super().close()
-
-    def _restore(self, message: Any) -> None:
-        """Give one held message back in place; kombu's default would insert a copy."""
-        self.store.message_release([parse_tag(message.delivery_tag)])
-
-    def _restore_at_beginning(self, message: Any) -> None:
-        self._restore(message)
-
-
-#: Celery's display copies of a task's arguments; its saferepr keeps a NUL character as it is.
-_REPR_HEADERS = ("argsrepr", "kwargsrepr")
-
-
-def _storable_headers(headers: dict[str, Any]) -> dict[str, Any]:
-    """Headers as stored (jsonb, which cannot hold U+0000): a NUL in argsrepr/kwargsrepr, display text
-    only, is written as the escape \\x00 (the arguments themselves travel intact in the body); a NUL in
-    any other header is refused at publish with the database's error."""
-    out = dict(headers)
-    for key in _REPR_HEADERS:
-        value = out.get(key)
-        if isinstance(value, str) and "\x00" in value:
-            out[key] = value.replace("\x00", "\\x00")
-    return out
-
-
 def _tags_of(taken: list[tuple[QoS, list[str]]]) -> list[tuple[int, int]]:
     return [parse_tag(d) for _, dtags in taken for d in dtags]
-
-
-def _closed_channel() -> KombuConnectionError:
-    """The error of a channel kombu closed after a lost connection (its connection is None): a connection
-    error, so kombu's retry (ensure) reconnects and revives the producer on a new channel."""
-    return KombuConnectionError(
-        "kombu-akadze: this channel was closed when its connection was lost; publish on a new channel "
-        "(kombu's retry=True, and Celery, reconnect and do that)"
-    )
-
-
-def _parse_eta(value: Any) -> datetime | None:
-    try:
-        return datetime.fromisoformat(str(value))
-    except ValueError:
-        return None  # not an ETA we understand: deliver now and let Celery decide
 
 
 #: A draining kombu consumer writes buffered outcomes once this many wait, or the oldest is this old.
