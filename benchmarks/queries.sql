@@ -64,6 +64,13 @@ ANALYZE {schema}.{table};
 -- For the results header.
 SELECT current_setting('server_version') AS version;
 
+-- name: server_settings
+-- The settings that change these figures most, for the results header.
+SELECT name, setting, unit FROM pg_settings
+WHERE name IN ('autovacuum', 'fsync', 'full_page_writes', 'max_connections', 'shared_buffers',
+               'synchronous_commit', 'wal_sync_method')
+ORDER BY name;
+
 -- name: database_create
 -- A scratch database for the idle-cost workload, so no other client's work lands in its counters.
 CREATE DATABASE {database};

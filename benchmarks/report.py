@@ -145,6 +145,8 @@ def markdown(results: Results) -> str:
         "",
         f"Versions: {m['versions']}",
         "",
+        f"PostgreSQL settings: {m.get('postgresql settings', 'not recorded')}",
+        "",
         f"Load average (1, 5, 15 min) at start {m.get('loadavg at start', '?')}, "
         f"at the end {m.get('loadavg at the end', '?')}; whole run {m.get('seconds', '?')} s.",
         "",

@@ -340,7 +340,18 @@ def meta(args: argparse.Namespace, ends: Any) -> dict[str, Any]:
         "repeat": args.repeat,
         "quick": args.quick,
         "versions": versions(ends),
+        "postgresql settings": server_settings(ends),
     }
+
+
+def server_settings(ends: Any) -> str:
+    with contextlib.suppress(Exception):
+        from pgstats import Pg
+
+        with Pg(ends.pg) as pg:
+            rows = pg.rows("server_settings")
+        return ", ".join(f"{r['name']}={r['setting']}" + (f" ({r['unit']} units)" if r["unit"] else "") for r in rows)
+    return "unknown"
 
 
 def commit() -> str:
