@@ -133,81 +133,32 @@ SELECT (SELECT count(*) FROM ins) AS inserted, (SELECT count(DISTINCT ord) FROM 
        (SELECT count(*) FROM woken) AS woken;
 
 -- name: message_claim
--- Hold up to limits[i] ready messages of queues[i] for one consumer: priority
--- first, then publish order; SKIP LOCKED so concurrent claimers never wait on
--- or share a row. Every claim bumps run_count (the fence) and spends an attempt.
-WITH picked AS (
-    SELECT c.id
-    FROM unnest(%(queues)s::text[], %(limits)s::integer[]) AS q(name, lim)
-    CROSS JOIN LATERAL (
-        SELECT m.id
-        FROM {schema}.messages AS m
-        WHERE m.queue = q.name
-          AND m.state = 'ready'
-          AND m.available_at <= COALESCE(%(now)s::timestamptz, now())
-          AND (m.expires_at IS NULL OR m.expires_at > COALESCE(%(now)s::timestamptz, now()))
-        ORDER BY m.priority DESC, m.id
-        LIMIT q.lim
-        FOR UPDATE SKIP LOCKED
-    ) AS c
-)
--- = ANY(ARRAY(...)): the planner cannot size LIMIT q.lim and would hash-join the whole table;
--- an id array makes the update a primary-key lookup whatever the statistics say.
-UPDATE {schema}.messages AS m
-SET state = 'held',
-    owner = %(owner)s,
-    run_count = m.run_count + 1,
-    attempts = m.attempts + 1,
-    claimed_at = COALESCE(%(now)s::timestamptz, now())
-WHERE m.id = ANY (ARRAY(SELECT picked.id FROM picked))
-RETURNING m.id, m.queue, m.priority, m.body, m.content_type, m.content_encoding,
-          m.headers, m.properties, m.run_count, m.attempts;
+-- Hold up to limits[i] ready messages of queues[i] for one consumer (function
+-- claim, migration 0005: priority first, then publish order, SKIP LOCKED, run_count
+-- bumped, an attempt spent; planned to walk the indexes whatever the statistics).
+SELECT c.id, c.queue, c.priority, c.body, c.content_type, c.content_encoding,
+       c.headers, c.properties, c.run_count, c.attempts
+FROM {schema}.claim(%(queues)s::text[], %(limits)s::integer[], %(owner)s::text, %(now)s::timestamptz) AS c;
 
 -- name: message_ack_claim
 -- The hot path in one round trip: delete the runs this consumer finished
 -- (fenced on (id, run_count), as message_ack) and claim the next messages (as
 -- message_claim). Rows come back as claimed messages, then acked ids (acked = true).
 WITH acked AS (
-    DELETE FROM {schema}.messages AS m
-    USING unnest(%(ack_ids)s::bigint[], %(ack_run_counts)s::integer[]) AS t(id, run_count)
-    WHERE m.id = t.id AND m.run_count = t.run_count AND m.state = 'held'
-    RETURNING m.id
-), picked AS (
-    SELECT c.id
-    FROM unnest(%(queues)s::text[], %(limits)s::integer[]) AS q(name, lim)
-    CROSS JOIN LATERAL (
-        SELECT m.id
-        FROM {schema}.messages AS m
-        WHERE m.queue = q.name
-          AND m.state = 'ready'
-          AND m.available_at <= COALESCE(%(now)s::timestamptz, now())
-          AND (m.expires_at IS NULL OR m.expires_at > COALESCE(%(now)s::timestamptz, now()))
-        ORDER BY m.priority DESC, m.id
-        LIMIT q.lim
-        FOR UPDATE SKIP LOCKED
-    ) AS c
+    SELECT a.id FROM {schema}.ack(%(ack_ids)s::bigint[], %(ack_run_counts)s::integer[]) AS a(id)
 ), claimed AS (
-    UPDATE {schema}.messages AS m
-    SET state = 'held',
-        owner = %(owner)s,
-        run_count = m.run_count + 1,
-        attempts = m.attempts + 1,
-        claimed_at = COALESCE(%(now)s::timestamptz, now())
-    WHERE m.id = ANY (ARRAY(SELECT picked.id FROM picked))
-    RETURNING m.id, m.queue, m.priority, m.body, m.content_type, m.content_encoding,
-              m.headers, m.properties, m.run_count, m.attempts
+    SELECT c.id, c.queue, c.priority, c.body, c.content_type, c.content_encoding,
+           c.headers, c.properties, c.run_count, c.attempts
+    FROM {schema}.claim(%(queues)s::text[], %(limits)s::integer[], %(owner)s::text, %(now)s::timestamptz) AS c
 )
 SELECT claimed.*, false AS acked FROM claimed
 UNION ALL
 SELECT acked.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, true FROM acked;
 
 -- name: message_ack
--- Delete the messages this consumer finished, fenced on (id, run_count): a run
--- that was rescued and re-claimed since does not match and is left alone.
-DELETE FROM {schema}.messages AS m
-USING unnest(%(ids)s::bigint[], %(run_counts)s::integer[]) AS t(id, run_count)
-WHERE m.id = t.id AND m.run_count = t.run_count AND m.state = 'held'
-RETURNING m.id;
+-- Delete the messages this consumer finished, fenced on (id, run_count) (function
+-- ack, migration 0005): a run that was rescued and re-claimed since is left alone.
+SELECT a.id FROM {schema}.ack(%(ids)s::bigint[], %(run_counts)s::integer[]) AS a(id);
 
 -- name: message_release
 -- Graceful give-back (shutdown, connection close): ready again in place, the
@@ -795,13 +746,6 @@ SELECT pg_relation_size(c.oid) AS heap_bytes, pg_indexes_size(c.oid) AS index_by
 FROM pg_class c
 JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE n.nspname = %(schema)s AND c.relname = 'messages';
-
--- name: session_generic_plans
--- Prepared statements of this session run their generic plan from the first execution. The claim's
--- plan is the same whatever its queues and limits (an index scan per queue, then a primary-key
--- update), yet under the default (auto) PostgreSQL never switched to it and planned message_ack_claim
--- again on every run (pg_prepared_statements: 0 generic, 100 custom): 0.25-0.3 ms of a 0.6-0.9 ms claim.
-SELECT set_config('plan_cache_mode', 'force_generic_plan', false);
 
 -- name: lock_timeout_set
 -- How long the statements of this transaction wait for a lock before giving up (55P03).

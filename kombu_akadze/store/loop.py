@@ -19,8 +19,7 @@ from kombu_akadze.errors import DatabaseError
 from kombu_akadze.store.records import ClaimedMessage, Tag, ack_claim_outcome, split_tags
 from kombu_akadze.store.session import Session, is_transient, translate
 
-#: Name of message_ack_claim prepared for the event loop's non-blocking claims; results in binary.
-_LOOP_CLAIM = b"akadze_loop_ack_claim"
+#: Results in binary: no text escaping of bytea bodies.
 _BINARY = 1
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
@@ -69,8 +68,7 @@ class LoopClaims(Session):
     def message_ack_claim_start(
         self, *, acks: Iterable[Tag], queues: Sequence[str], limits: Sequence[int], owner: str
     ) -> int:
-        """Send message_ack_claim without waiting; returns the socket to watch for its result. The
-        first claim on a session prepares the statement first (one blocking round trip per session)."""
+        """Send message_ack_claim without waiting; returns the socket to watch for its result."""
         ack_ids, ack_run_counts = split_tags(acks)
         params = {"ack_ids": ack_ids, "ack_run_counts": ack_run_counts, "queues": list(queues),
                   "limits": list(limits), "owner": owner, "now": None}  # fmt: skip
@@ -82,13 +80,7 @@ class LoopClaims(Session):
             try:
                 values = Transformer(conn).dump_sequence([params[n] for n in names], [PyFormat.TEXT] * len(names))
                 pgconn = conn.pgconn
-                if not self.prepared_statements:
-                    pgconn.send_query_params(query, values, None, None, _BINARY)
-                else:
-                    if self._loop_prepared_on is not conn:
-                        _check(pgconn.prepare(_LOOP_CLAIM, query, None), conn)
-                        self._loop_prepared_on = conn
-                    pgconn.send_query_prepared(_LOOP_CLAIM, values, None, _BINARY)
+                pgconn.send_query_params(query, values, None, None, _BINARY)
                 while pgconn.flush():  # non-blocking: 1 while part of the statement is still unsent
                     select.select([], [pgconn.socket], [], self.connect_timeout)
             except psycopg.Error as exc:

@@ -1,4 +1,4 @@
-"""One database session: connecting (keepalives, role names, generic plans), fork safety, errors translated."""
+"""One database session: connecting (keepalives, role names), fork safety, errors translated."""
 
 from __future__ import annotations
 
@@ -104,10 +104,8 @@ def connect(
     connect_timeout: float,
     autocommit: bool = True,
     prepared_statements: bool = True,
-    generic_plans: bool = False,
 ) -> psycopg.Connection[Any]:
-    """A new connection with keepalive defaults and an application_name that names its role; with
-    *generic_plans* (and prepared statements) its prepared statements keep one plan (see queries.sql)."""
+    """A new connection with keepalive defaults and an application_name that names its role."""
     params: dict[str, Any] = dict(conninfo_to_dict(dsn))
     is_socket = str(params.get("host", "")).startswith("/")
     if not is_socket:
@@ -118,12 +116,6 @@ def connect(
     conn = psycopg.connect(**params, autocommit=autocommit)
     if not prepared_statements:
         conn.prepare_threshold = None
-    elif generic_plans:
-        try:
-            conn.execute(sqlfiles.render("queries.sql", "session_generic_plans"))
-        except psycopg.Error:
-            conn.close()
-            raise
     kombu_json_setup(conn)
     return conn
 
@@ -151,14 +143,12 @@ class Session:
         role: str = "command",
         connect_timeout: float = 10.0,
         prepared_statements: bool = True,
-        generic_plans: bool = False,
     ) -> None:
         self.dsn = dsn
         self.schema = schema
         self.role = role
         self.connect_timeout = connect_timeout
         self.prepared_statements = prepared_statements
-        self.generic_plans = generic_plans
         self.channel = notify_channel(schema)
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.RLock()
@@ -169,8 +159,6 @@ class Session:
         #: Called (on whichever thread) before that happens: the event loop stops watching the socket
         #: (the wait may close and reopen the session) and collects the outcome on its next tick.
         self.on_claim_landing: Callable[[], None] | None = None
-        #: The session on which message_ack_claim is prepared under _LOOP_CLAIM (once per session).
-        self._loop_prepared_on: psycopg.Connection[Any] | None = None
         _LIVE_STORES.add(self)
 
     def __repr__(self) -> str:
@@ -188,7 +176,6 @@ class Session:
                         role=self.role,
                         connect_timeout=self.connect_timeout,
                         prepared_statements=self.prepared_statements,
-                        generic_plans=self.generic_plans,
                     )
                 except psycopg.Error as exc:
                     raise translate(exc, f"connecting to {mask_password(self.dsn)}", self.schema) from exc
@@ -210,13 +197,11 @@ class Session:
         self._conn = None
         self._in_flight = None
         self._landed = None
-        self._loop_prepared_on = None
         self._lock = threading.RLock()
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
         self._in_flight = None
-        self._loop_prepared_on = None
         if conn is not None:
             with contextlib.suppress(psycopg.Error):  # closing a broken connection: nothing left to save
                 conn.close()
@@ -239,7 +224,9 @@ class Session:
             "channel": self.channel,
         }
 
-    def _run(self, name: str, params: dict[str, Any] | None = None, *, fetch: bool = True) -> list[dict[str, Any]]:
+    def _run(
+        self, name: str, params: dict[str, Any] | None = None, *, fetch: bool = True, prepare: bool | None = None
+    ) -> list[dict[str, Any]]:
         query = sqlfiles.render("queries.sql", name, schema=self.schema)
         with self._lock:
             if self._in_flight is not None:
@@ -247,7 +234,7 @@ class Session:
             conn = self.connection()
             try:
                 with conn.cursor(row_factory=dict_row) as cur:
-                    cur.execute(query, params or {})
+                    cur.execute(query, params or {}, prepare=prepare)
                     return cur.fetchall() if fetch and cur.description else []
             except psycopg.Error as exc:
                 if conn.broken or is_transient(exc):

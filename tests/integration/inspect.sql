@@ -25,11 +25,6 @@ SELECT count(*) FROM {schema}.consumers;
 -- How many statements this session has prepared server-side.
 SELECT count(*) FROM pg_prepared_statements;
 
--- name: prepared_plans
--- This session's prepared statements whose text starts with %(prefix)s: generic and custom plans run.
-SELECT COALESCE(sum(generic_plans), 0) AS generic, COALESCE(sum(custom_plans), 0) AS custom
-FROM pg_prepared_statements WHERE statement LIKE %(prefix)s || '%%';
-
 -- name: vacuum_messages
 -- What autovacuum does to a drained queue table: dead rows gone, the empty heap truncated.
 VACUUM {schema}.messages;
@@ -54,3 +49,22 @@ WITH picked AS MATERIALIZED (
     SELECT pid FROM pg_stat_activity WHERE application_name = %(name)s AND pid <> pg_backend_pid()
 )
 SELECT count(*) AS ended FROM picked WHERE pg_terminate_backend(pid, 5000);
+
+-- name: prepared_claim
+-- Name of this session's prepared message_ack_claim (psycopg prepares it after its fifth run).
+SELECT name FROM pg_prepared_statements WHERE statement LIKE '-- The hot path in one round trip%%';
+
+-- name: explain_prepared_claim
+-- What this session's prepared claim reads to claim one message of queue 'q' (functions included).
+EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {statement}('{}', '{}', '{q}', '{1}', 'plan-probe', NULL);
+
+-- name: auto_explain_load
+-- The server's auto_explain module in this session (superuser; contrib).
+LOAD 'auto_explain';
+
+-- name: auto_explain_nested
+-- Every statement of this session, functions' own queries included, has its plan sent to the client.
+SELECT set_config('auto_explain.log_min_duration', '0', false),
+       set_config('auto_explain.log_nested_statements', 'on', false),
+       set_config('auto_explain.log_level', 'notice', false),
+       set_config('client_min_messages', 'notice', false);

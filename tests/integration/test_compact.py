@@ -101,9 +101,7 @@ def test_force_rebuilds_whatever_the_bloat_while_the_heap_is_small(store: Store)
     assert _count(store) == 10
 
 
-def test_the_heartbeat_thread_runs_the_check_every_interval(
-    store: Store, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_the_heartbeat_thread_runs_the_check_every_interval(store: Store, caplog: pytest.LogCaptureFixture) -> None:
     _backlog_then_drain(store)
     bloated = store.messages_size()
     beat_store = Store(store.dsn, schema=store.schema, role="heartbeat")

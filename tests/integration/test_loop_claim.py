@@ -20,7 +20,7 @@ OWNER = "loop-consumer"
 
 @pytest.fixture(params=[True, False], ids=["prepared", "unprepared"])
 def loop_store(request: pytest.FixtureRequest, pg_url: str, schema: str) -> Iterator[Store]:
-    s = Store(pg_url, schema=schema, role="loopclaim", prepared_statements=request.param, generic_plans=True)
+    s = Store(pg_url, schema=schema, role="loopclaim", prepared_statements=request.param)
     s.consumer_heartbeat(consumer_id=OWNER, hostname="h", pid=1)
     yield s
     s.close()
@@ -125,3 +125,34 @@ def test_a_session_ended_mid_claim_is_a_transient_error_and_the_next_claim_recon
     outcome = loop_store.message_ack_claim_wait(30)
     assert outcome is not None
     assert [m.body for m in outcome[0]] == [b"z"]
+
+
+def test_a_prepared_claim_walks_the_indexes_once_a_backlog_arrives(pg_url: str, schema: str, store: Store) -> None:
+    """A claim prepared while the queue was near-empty planned, with those statistics, a sort of every
+    ready row to pick one and a scan of the whole table to update it: 47 ms per claim once a
+    200,000-message backlog arrived (no ANALYZE since). The claim and ack functions (migration 0005)
+    are planned with sequential scans, bitmap scans and sorts off: claiming one message behind 200,000
+    reads a handful of pages, not the table."""
+    s = Store(pg_url, schema=schema, role="planprobe")
+    s.consumer_heartbeat(consumer_id=OWNER, hostname="h", pid=1)
+    try:
+        for _ in range(20):  # psycopg prepares after 5 runs; PostgreSQL weighs a generic plan after 5 more
+            store.message_insert(NewMessage(queue="q", body=b"w"))
+            claimed, _ = s.message_ack_claim(acks=[], queues=["q"], limits=[1], owner=OWNER)
+            assert len(claimed) == 1
+            s.message_ack([m.tag for m in claimed])
+        store.message_insert_many([NewMessage(queue="q", body=b"b" * 100)] * 200_000)
+        with s.connection().cursor() as cur:
+            cur.execute(SQL["prepared_claim"], prepare=False)
+            row = cur.fetchone()
+            assert row is not None, "psycopg never prepared the claim"
+            cur.execute(
+                SQL["explain_prepared_claim"].replace("{statement}", sqlfiles.quote_ident(row[0])), prepare=False
+            )
+            explained = cur.fetchone()
+    finally:
+        s.close()
+    assert explained is not None
+    top = explained[0][0]["Plan"]
+    pages = top["Shared Hit Blocks"] + top["Shared Read Blocks"] + top["Temp Written Blocks"]
+    assert pages < 100, f"claiming one message read {pages} pages: {explained[0]}"
