@@ -72,7 +72,10 @@ def test_many_processes_migrating_at_once_apply_each_migration_once(pg_url: str,
     for t in threads:
         t.join(60)
     assert errors == []
-    assert sorted(results) == [0] * 5 + [len(sqlfiles.migrations())]
+    # Each migration is its own transaction under the lock, so the six may share the work between them
+    # (seen: one applied 4, another the 5th); what matters is that every migration ran exactly once.
+    assert len(results) == 6
+    assert sum(results) == len(sqlfiles.migrations()), results
 
 
 def test_without_auto_migrate_a_missing_schema_names_the_command(pg_url: str, bare_schema: str) -> None:
