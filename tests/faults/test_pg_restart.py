@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import Counter
 
 import pytest
 
@@ -92,10 +93,13 @@ def test_immediate_stop_and_restart_of_postgresql_under_load_loses_nothing(own: 
     assert result.lost == 0
     assert result.completed == len(published)
     assert producer.errors, "no publish ever raised: the outages missed the producer"
-    runs_of = own.ledgers.done()
-    twice = {r.message_id for r in own.ledgers.runs() if r.event == "done" and runs_of[r.n] > 1}
+    # Per message, not per task: a publish whose commit landed just before a stop raises in the producer,
+    # which publishes the task again as a new message (seen: ids 216 and 232 of one task, each run once:
+    # 3 message ids in tasks run twice, 2 such tasks, 553 of them held at a stop).
+    # Those are the producer's at-least-once copies; what the broker may run twice is a message it held.
+    done_runs = Counter(r.message_id for r in own.ledgers.runs() if r.event == "done")
+    twice = {message_id for message_id, runs in done_runs.items() if runs > 1}
     assert twice <= in_flight, f"run twice though not in flight at a stop: {sorted(twice - in_flight)}"
-    assert result.duplicated <= len(in_flight)
     assert baseline is not None
     for down, _, latency in cycles:
         assert latency is not None, f"no task published after the {down:g} s outage started"

@@ -372,6 +372,16 @@ def test_a_no_ack_delivery_deletes_its_row_and_takes_no_prefetch_slot(make_conne
     assert store.message_counts() == {}, "nothing released back at close: nothing was held"
 
 
+def _hold_five_of_ten(conn: kombu.Connection, queue: Queue) -> list[kombu.Message]:
+    """Publish 10, consume at prefetch 5 until 5 are delivered, cancel: the 5 are held and unsettled."""
+    for i in range(10):
+        conn.Producer().publish({"i": i}, routing_key=queue.name, declare=[queue])
+    consumer, got = consume(conn, queue, prefetch=5)
+    drain_until(conn, lambda: len(got) == 5)
+    consumer.cancel()
+    return got
+
+
 def test_buffered_acks_are_written_before_a_queue_delete(
     make_connection: Any, store: Store, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -379,11 +389,7 @@ def test_buffered_acks_are_written_before_a_queue_delete(
     "changed nothing" because the delete took its row."""
     conn = make_connection()
     queue = Queue("ordered")
-    for i in range(10):
-        conn.Producer().publish({"i": i}, routing_key="ordered", declare=[queue])
-    consumer, got = consume(conn, queue, prefetch=5)
-    drain_until(conn, lambda: len(got) == 5)
-    consumer.cancel()
+    got = _hold_five_of_ten(conn, queue)
     with caplog.at_level(logging.WARNING, logger="kombu_akadze"):
         for message in got:
             message.ack()  # buffered: this connection drains, so its next statement carries them
@@ -397,11 +403,7 @@ def test_requeues_are_written_before_a_purge(make_connection: Any, store: Store)
     """Messages rejected with requeue before a purge are purged with the rest, as on RabbitMQ."""
     conn = make_connection()
     queue = Queue("requeue-purge")
-    for i in range(10):
-        conn.Producer().publish({"i": i}, routing_key="requeue-purge", declare=[queue])
-    consumer, got = consume(conn, queue, prefetch=5)
-    drain_until(conn, lambda: len(got) == 5)
-    consumer.cancel()
+    got = _hold_five_of_ten(conn, queue)
     for message in got:
         message.requeue()
     purged = queue(conn.default_channel).purge()
