@@ -141,15 +141,9 @@ class Channel(ExchangeMixin, virtual.Channel):
     def _write_buffered_outcomes(self) -> None:
         """Acks and rejects this connection buffered go out before a purge or delete, as RabbitMQ's
         channel applies them in order: else a delete took the held rows first, and every ack of a run
-        the consumer had finished was reported as "changed nothing"."""
+        the consumer had finished was reported as "changed nothing". This also covers the reply queue
+        kombu deletes once its replies are in (inspect, ping: after_reply_message_received)."""
         self.connection.flush_outcomes()
-
-    def after_reply_message_received(self, queue: str) -> None:
-        """kombu drops a reply queue once its replies are in (inspect, ping): write the buffered outcomes
-        of those no_ack deliveries first, or their rows go with the queue and every ack "changed nothing"."""
-        if self._qos is not None:
-            self._qos.flush()
-        super().after_reply_message_received(queue)
 
     def basic_qos(self, prefetch_size: int = 0, prefetch_count: int = 0, apply_global: bool = False) -> None:
         """A wider window (Celery widens it for every ETA task it holds) may be filled at once."""

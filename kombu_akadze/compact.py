@@ -35,7 +35,7 @@ class CompactResult:
 def due(
     size: TableSize, *, max_heap: int = MAX_HEAP_BYTES, min_index: int = MIN_INDEX_BYTES, ratio: float = BLOAT_RATIO
 ) -> str:
-    """"" when *size* calls for a REINDEX, else the reason it does not."""
+    """ "" when *size* calls for a REINDEX, else the reason it does not."""
     if size.heap_bytes > max_heap:
         return f"heap is {_mb(size.heap_bytes)} (rebuilt only below {_mb(max_heap)}, under a short lock)"
     if size.index_bytes < min_index:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import select
 import time
@@ -16,7 +17,7 @@ from psycopg.adapt import PyFormat, Transformer
 
 from kombu_akadze import sqlfiles
 from kombu_akadze.errors import DatabaseError
-from kombu_akadze.store.records import ClaimedMessage, Tag, ack_claim_outcome, split_tags
+from kombu_akadze.store.records import ClaimedMessage, Tag, ack_claim_outcome, ack_claim_params
 from kombu_akadze.store.session import Session, is_transient, translate
 
 #: Results in binary: no text escaping of bytea bodies.
@@ -30,7 +31,8 @@ class InFlight:
     results: list[pq.abc.PGresult] = field(default_factory=list)
 
 
-def _positional(query: str) -> tuple[bytes, list[str]]:
+@functools.cache
+def _positional(query: str) -> tuple[bytes, tuple[str, ...]]:
     """A named block with %(name)s placeholders as libpq wants it: $1.. in first-use order, and the names."""
     names: list[str] = []
 
@@ -39,7 +41,7 @@ def _positional(query: str) -> tuple[bytes, list[str]]:
             names.append(match[1])
         return f"${names.index(match[1]) + 1}"
 
-    return _PLACEHOLDER.sub(number, query).replace("%%", "%").encode("utf-8"), names
+    return _PLACEHOLDER.sub(number, query).replace("%%", "%").encode("utf-8"), tuple(names)
 
 
 def _check(result: pq.abc.PGresult, conn: psycopg.Connection[Any]) -> pq.abc.PGresult:
@@ -69,9 +71,7 @@ class LoopClaims(Session):
         self, *, acks: Iterable[Tag], queues: Sequence[str], limits: Sequence[int], owner: str
     ) -> int:
         """Send message_ack_claim without waiting; returns the socket to watch for its result."""
-        ack_ids, ack_run_counts = split_tags(acks)
-        params = {"ack_ids": ack_ids, "ack_run_counts": ack_run_counts, "queues": list(queues),
-                  "limits": list(limits), "owner": owner, "now": None}  # fmt: skip
+        params = ack_claim_params(acks, queues, limits, owner, None)
         with self._lock:
             if self._in_flight is not None or self._landed is not None:
                 raise RuntimeError("message_ack_claim is already in flight on this session")

@@ -14,6 +14,7 @@ from kombu_akadze.store.records import (
     Outcome,
     Tag,
     ack_claim_outcome,
+    ack_claim_params,
     claimed_messages,
     requeue_outcome,
     split_tags,
@@ -103,18 +104,7 @@ class MessageQueries(Session):
         now: datetime | None = None,
     ) -> tuple[list[ClaimedMessage], set[int]]:
         """Write finished runs and claim the next messages in one statement: (claimed, acked ids)."""
-        ack_ids, ack_run_counts = split_tags(acks)
-        rows = self._run(
-            "message_ack_claim",
-            {
-                "ack_ids": ack_ids,
-                "ack_run_counts": ack_run_counts,
-                "queues": list(queues),
-                "limits": list(limits),
-                "owner": owner,
-                "now": now,
-            },
-        )
+        rows = self._run("message_ack_claim", ack_claim_params(acks, queues, limits, owner, now))
         return ack_claim_outcome(rows)
 
     def message_ack(self, tags: Iterable[Tag]) -> set[int]:

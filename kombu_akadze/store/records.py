@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -61,6 +61,15 @@ def split_tags(tags: Iterable[Tag]) -> tuple[list[int], list[int]]:
         ids.append(int(message_id))
         run_counts.append(int(run_count))
     return ids, run_counts
+
+
+def ack_claim_params(
+    acks: Iterable[Tag], queues: Sequence[str], limits: Sequence[int], owner: str, now: datetime | None
+) -> dict[str, Any]:
+    """The parameters of message_ack_claim, for the blocking and the event-loop paths alike."""
+    ack_ids, ack_run_counts = split_tags(acks)
+    return {"ack_ids": ack_ids, "ack_run_counts": ack_run_counts, "queues": list(queues),
+            "limits": list(limits), "owner": owner, "now": now}  # fmt: skip
 
 
 def ack_claim_outcome(rows: list[dict[str, Any]]) -> tuple[list[ClaimedMessage], set[int]]:
