@@ -22,6 +22,8 @@ from kombu_akadze.store.session import Session, is_transient, translate
 
 #: Results in binary: no text escaping of bytea bodies.
 _BINARY = 1
+#: The server-side name of the prepared ack+claim statement (one per session, so one per connection).
+_PREPARED = b"akadze_ack_claim"
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
 
@@ -80,7 +82,11 @@ class LoopClaims(Session):
             try:
                 values = Transformer(conn).dump_sequence([params[n] for n in names], [PyFormat.TEXT] * len(names))
                 pgconn = conn.pgconn
-                pgconn.send_query_params(query, values, None, None, _BINARY)
+                if self.prepared_statements:
+                    self._prepare_ack_claim(conn, query)
+                    pgconn.send_query_prepared(_PREPARED, values, None, _BINARY)
+                else:
+                    pgconn.send_query_params(query, values, None, None, _BINARY)
                 while pgconn.flush():  # non-blocking: 1 while part of the statement is still unsent
                     select.select([], [pgconn.socket], [], self.connect_timeout)
             except psycopg.Error as exc:
@@ -88,6 +94,18 @@ class LoopClaims(Session):
                 raise translate(exc, "message_ack_claim", self.schema) from exc
             self._in_flight = InFlight(conn)
             return pgconn.socket
+
+    def _prepare_ack_claim(self, conn: psycopg.Connection[Any], query: bytes) -> None:
+        """Prepare the statement once per connection (blocking: one round trip the first time). An
+        unnamed statement is parsed and planned at every claim: 0.15 ms of a 0.7 ms claim here; the
+        prepared one switches to its generic plan, which is safe to keep because the claim and ack
+        functions (migration 0005) plan their own queries to walk the indexes."""
+        if self._prepared_on is conn:
+            return
+        result = _check(conn.pgconn.prepare(_PREPARED, query), conn)
+        if result.status != pq.ExecStatus.COMMAND_OK:
+            raise psycopg.OperationalError(f"preparing message_ack_claim: status {result.status}")
+        self._prepared_on = conn
 
     def message_ack_claim_read(self) -> tuple[list[ClaimedMessage], set[int]] | None:
         """Read what arrived for the statement in flight: its outcome once complete, else None.

@@ -154,6 +154,8 @@ class Session:
         self._lock = threading.RLock()
         #: The statement message_ack_claim_start() sent and whose result has not been read yet.
         self._in_flight: InFlight | None = None
+        #: The connection the event loop's ack+claim statement is prepared on (see LoopClaims).
+        self._prepared_on: psycopg.Connection[Any] | None = None
         #: Its outcome, when another statement on this session had to read it first: (ok, value).
         self._landed: tuple[bool, Any] | None = None
         #: Called (on whichever thread) before that happens: the event loop stops watching the socket
@@ -197,11 +199,13 @@ class Session:
         self._conn = None
         self._in_flight = None
         self._landed = None
+        self._prepared_on = None
         self._lock = threading.RLock()
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
         self._in_flight = None
+        self._prepared_on = None
         if conn is not None:
             with contextlib.suppress(psycopg.Error):  # closing a broken connection: nothing left to save
                 conn.close()

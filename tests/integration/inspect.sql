@@ -68,3 +68,7 @@ SELECT set_config('auto_explain.log_min_duration', '0', false),
        set_config('auto_explain.log_nested_statements', 'on', false),
        set_config('auto_explain.log_level', 'notice', false),
        set_config('client_min_messages', 'notice', false);
+
+-- name: loop_claim_plans
+-- How this session's event-loop ack+claim statement has been planned: (generic, custom) plan counts.
+SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = 'akadze_ack_claim';

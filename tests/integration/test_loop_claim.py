@@ -127,6 +127,39 @@ def test_a_session_ended_mid_claim_is_a_transient_error_and_the_next_claim_recon
     assert [m.body for m in outcome[0]] == [b"z"]
 
 
+def test_the_loop_claim_is_prepared_once_per_connection_and_keeps_its_generic_plan(
+    loop_store: Store, store: Store, pg_url: str
+) -> None:
+    """Prepared: the server parses and plans the statement once, then runs its generic plan (an unnamed
+    statement was planned at every claim, 0.15 ms of 0.7); again after a reconnect. Unprepared (PgBouncer
+    transaction pooling): nothing is left prepared on the server."""
+    for round_ in range(2):
+        for i in range(8):
+            store.message_insert(NewMessage(queue="q", body=b"%d" % i))
+        tags: list[tuple[int, int]] = []
+        for _ in range(8):
+            loop_store.message_ack_claim_start(acks=tags, queues=["q"], limits=[1], owner=OWNER)
+            outcome = loop_store.message_ack_claim_wait(30)
+            assert outcome is not None
+            tags = [m.tag for m in outcome[0]]
+            assert len(tags) == 1
+        loop_store.message_ack_claim_start(acks=tags, queues=["q"], limits=[1], owner=OWNER)
+        assert loop_store.message_ack_claim_wait(30) == ([], {tags[0][0]})
+        plans = loop_store.connection().execute(SQL["loop_claim_plans"]).fetchall()
+        if loop_store.prepared_statements:
+            assert len(plans) == 1
+            generic, custom = plans[0]
+            assert custom <= 5, f"{round_=}: {custom} custom plans"
+            assert generic >= 9 - 5, f"{round_=}: {generic} generic plans"
+        else:
+            assert plans == []
+        with psycopg.connect(pg_url, autocommit=True) as admin:  # the next round starts on a new connection
+            admin.execute(SQL["terminate_sessions"], {"name": "akadze-loopclaim"})
+        with pytest.raises(TransientDatabaseError):
+            loop_store.queue_size(name="q")
+    assert store.message_counts() == {}
+
+
 def test_a_prepared_claim_walks_the_indexes_once_a_backlog_arrives(pg_url: str, schema: str, store: Store) -> None:
     """A claim prepared while the queue was near-empty planned, with those statistics, a sort of every
     ready row to pick one and a scan of the whole table to update it: 47 ms per claim once a
