@@ -105,6 +105,35 @@ def test_raw_binary_body_round_trips(make_connection: Any) -> None:
     q.close()
 
 
+def test_a_get_client_writes_its_ack_with_its_next_get_or_on_its_own_soon_after(
+    make_connection: Any, store: Store
+) -> None:
+    """basic_get without draining: an ack rides in the next get's statement (one round trip for both),
+    a requeue is written before the next get claims (so that get finds it), and the last ack lands
+    with no further call from the client, long before a heartbeat (60 s here) could write it."""
+    conn = make_connection(heartbeat_interval=60, heartbeat_ttl=120)
+    queue = Queue("getter")
+    producer = conn.Producer()
+    for i in range(3):
+        producer.publish({"i": i}, routing_key="getter", declare=[queue])
+    bound = queue(conn.default_channel)
+    first = bound.get(no_ack=False)
+    assert first is not None
+    first.ack()
+    second = bound.get(no_ack=False)
+    assert second is not None
+    assert second.payload == {"i": 1}
+    assert store.message_get(first.headers["akadze_message_id"]) is None
+    second.reject(requeue=True)
+    again = bound.get(no_ack=False)
+    assert again is not None
+    assert again.headers["akadze_message_id"] == second.headers["akadze_message_id"]
+    again.ack()
+    eventually(
+        lambda: store.message_counts() == {("getter", "ready"): 1}, timeout=30, what="the last ack written unasked"
+    )
+
+
 def test_prefetch_limits_how_many_messages_are_held(make_connection: Any, store: Store) -> None:
     conn = make_connection()
     queue = Queue("pf")
