@@ -150,7 +150,7 @@ def _template(producer: kombu.Producer, exchange: kombu.Exchange, store: Store, 
     """A row exactly as the transport stores a published message, to copy a million times."""
     kombu_level.publish(producer, exchange, queue, 1, 10.0)
     claimed = store.message_claim(queues=[queue], limits=[1], owner="bench-template")
-    store.message_ack([m.tag for m in claimed])
+    store.message_ack([m.tag for m in claimed], owner="bench-template")
     row = claimed[0]
     return NewMessage(
         queue=queue,
@@ -173,7 +173,7 @@ def _drain(store: Store, queue: str, cap: float) -> dict[str, float]:
         batch = store.message_claim(queues=[queue], limits=[DRAIN_BATCH], owner=owner)
         if not batch:
             break
-        store.message_ack([m.tag for m in batch])
+        store.message_ack([m.tag for m in batch], owner=owner)
         claimed += len(batch)
     elapsed = time.perf_counter() - start
     purged = store.queue_purge(name=queue)

@@ -181,7 +181,7 @@ class Channel(ExchangeMixin, virtual.Channel):
 
     def _restore(self, message: Any) -> None:
         """Give one held message back in place; kombu's default would insert a copy."""
-        self.store.message_release([parse_tag(message.delivery_tag)])
+        self.store.message_release([parse_tag(message.delivery_tag)], owner=self.connection.consumer_id)
 
     def _restore_at_beginning(self, message: Any) -> None:
         self._restore(message)

@@ -92,8 +92,10 @@ class Deliverer:
         callbacks: dict[str, Callable[[dict[str, Any]], Any]],
         channels: Callable[[], list[Any]],
         claim_batch: int,
+        owner: str,
     ) -> None:
         self.store = store
+        self.owner = owner
         self.claim = claim
         self.callbacks = callbacks
         self.channels = channels
@@ -173,7 +175,7 @@ class Deliverer:
 
     def release(self, messages: list[ClaimedMessage]) -> None:
         try:
-            self.store.message_release([m.tag for m in messages])
+            self.store.message_release([m.tag for m in messages], owner=self.owner)
         except AkadzeError as exc:
             logger.error(
                 "kombu-akadze: could not release %d undelivered message(s) (%s); rescued after heartbeat_ttl",

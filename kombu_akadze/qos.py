@@ -143,11 +143,13 @@ class QoS(virtual.QoS):
         store = self._transport.store
         try:
             if kind == "ack":
-                done = store.message_ack(tags)
+                done = store.message_ack(tags, owner=self._transport.consumer_id)
             elif kind == "bury":
-                done = store.message_bury(tags, reason=REJECT_REASON)
+                done = store.message_bury(tags, reason=REJECT_REASON, owner=self._transport.consumer_id)
             else:
-                outcome = store.message_requeue(tags, max_attempts=self._transport.options.max_attempts)
+                outcome = store.message_requeue(
+                    tags, max_attempts=self._transport.options.max_attempts, owner=self._transport.consumer_id
+                )
                 done = set(outcome.ready | outcome.dead)
                 for message_id in sorted(outcome.dead):
                     logger.warning(
@@ -198,7 +200,7 @@ class QoS(virtual.QoS):
         if not tags:
             return []
         try:
-            released = self.channel.store.message_release(tags)
+            released = self.channel.store.message_release(tags, owner=self._transport.consumer_id)
         except AkadzeError as exc:
             logger.error(
                 "kombu-akadze: could not release %d held message(s) (%s); they stay held and are "

@@ -171,6 +171,7 @@ class Transport(virtual.Transport):
             callbacks=self._callbacks,
             channels=lambda: list(self.channels),
             claim_batch=self.options.claim_batch,
+            owner=self.consumer_id,
         )
 
     def _new_store(self, role: str) -> Store:

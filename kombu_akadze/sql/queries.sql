@@ -142,10 +142,10 @@ FROM {schema}.claim(%(queues)s::text[], %(limits)s::integer[], %(owner)s::text, 
 
 -- name: message_ack_claim
 -- The hot path in one round trip: delete the runs this consumer finished
--- (fenced on (id, run_count), as message_ack) and claim the next messages (as
+-- (fenced on (id, run_count, owner), as message_ack) and claim the next messages (as
 -- message_claim). Rows come back as claimed messages, then acked ids (acked = true).
 WITH acked AS (
-    SELECT a.id FROM {schema}.ack(%(ack_ids)s::bigint[], %(ack_run_counts)s::integer[]) AS a(id)
+    SELECT a.id FROM {schema}.ack(%(ack_ids)s::bigint[], %(ack_run_counts)s::integer[], %(owner)s::text) AS a(id)
 ), claimed AS (
     SELECT c.id, c.queue, c.priority, c.body, c.content_type, c.content_encoding,
            c.headers, c.properties, c.run_count, c.attempts
@@ -156,19 +156,20 @@ UNION ALL
 SELECT acked.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, true FROM acked;
 
 -- name: message_ack
--- Delete the messages this consumer finished, fenced on (id, run_count) (function
--- ack, migration 0005): a run that was rescued and re-claimed since is left alone.
-SELECT a.id FROM {schema}.ack(%(ids)s::bigint[], %(run_counts)s::integer[]) AS a(id);
+-- Delete the messages this consumer finished, fenced on (id, run_count, owner)
+-- (function ack, migration 0006): a run that was rescued and re-claimed since, or
+-- a run a failed-over server lost and gave again to another consumer, is left alone.
+SELECT a.id FROM {schema}.ack(%(ids)s::bigint[], %(run_counts)s::integer[], %(owner)s::text) AS a(id);
 
 -- name: message_release
 -- Graceful give-back (shutdown, connection close): ready again in place, the
--- attempt given back, fenced on (id, run_count).
+-- attempt given back, fenced on (id, run_count, owner).
 WITH released AS (
     UPDATE {schema}.messages AS m
     SET state = 'ready', owner = NULL, claimed_at = NULL,
         attempts = GREATEST(m.attempts - 1, 0)
     FROM unnest(%(ids)s::bigint[], %(run_counts)s::integer[]) AS t(id, run_count)
-    WHERE m.id = t.id AND m.run_count = t.run_count AND m.state = 'held'
+    WHERE m.id = t.id AND m.run_count = t.run_count AND m.state = 'held' AND m.owner = %(owner)s
     RETURNING m.id, m.queue
 )
 SELECT released.id FROM released
@@ -176,14 +177,15 @@ CROSS JOIN LATERAL (SELECT pg_notify(%(channel)s, released.queue)) AS n;
 
 -- name: message_requeue
 -- Abnormal end of a run (reject with requeue): the attempt stays spent; ready
--- again in place, or dead letters once max_attempts is used up. Fenced.
+-- again in place, or dead letters once max_attempts is used up. Fenced on
+-- (id, run_count, owner).
 WITH target AS (
     SELECT m.id, m.attempts >= COALESCE(q.max_attempts, %(max_attempts)s) AS exhausted
     FROM {schema}.messages AS m
     JOIN unnest(%(ids)s::bigint[], %(run_counts)s::integer[]) AS t(id, run_count)
       ON m.id = t.id AND m.run_count = t.run_count
     LEFT JOIN {schema}.queues AS q ON q.name = m.queue
-    WHERE m.state = 'held'
+    WHERE m.state = 'held' AND m.owner = %(owner)s
     FOR UPDATE OF m
 ), dead AS (
     DELETE FROM {schema}.messages AS m USING target
@@ -210,11 +212,12 @@ UNION ALL
 SELECT buried.id, 'dead' AS outcome FROM buried;
 
 -- name: message_bury
--- Move held messages to dead letters with a reason (reject without requeue). Fenced.
+-- Move held messages to dead letters with a reason (reject without requeue).
+-- Fenced on (id, run_count, owner).
 WITH dead AS (
     DELETE FROM {schema}.messages AS m
     USING unnest(%(ids)s::bigint[], %(run_counts)s::integer[]) AS t(id, run_count)
-    WHERE m.id = t.id AND m.run_count = t.run_count AND m.state = 'held'
+    WHERE m.id = t.id AND m.run_count = t.run_count AND m.state = 'held' AND m.owner = %(owner)s
     RETURNING m.*
 )
 INSERT INTO {schema}.dead_letters

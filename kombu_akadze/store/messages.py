@@ -107,16 +107,18 @@ class MessageQueries(Session):
         rows = self._run("message_ack_claim", ack_claim_params(acks, queues, limits, owner, now))
         return ack_claim_outcome(rows)
 
-    def message_ack(self, tags: Iterable[Tag]) -> set[int]:
-        return self._ids("message_ack", tags)
+    # Every outcome is fenced on (id, run_count) and on the owner, the consumer that claimed the run.
 
-    def message_release(self, tags: Iterable[Tag]) -> set[int]:
-        return self._ids("message_release", tags, channel=self.channel)
+    def message_ack(self, tags: Iterable[Tag], *, owner: str) -> set[int]:
+        return self._ids("message_ack", tags, owner=owner)
 
-    def message_bury(self, tags: Iterable[Tag], *, reason: str) -> set[int]:
-        return self._ids("message_bury", tags, reason=reason)
+    def message_release(self, tags: Iterable[Tag], *, owner: str) -> set[int]:
+        return self._ids("message_release", tags, owner=owner, channel=self.channel)
 
-    def message_requeue(self, tags: Iterable[Tag], *, max_attempts: int) -> Outcome:
+    def message_bury(self, tags: Iterable[Tag], *, reason: str, owner: str) -> set[int]:
+        return self._ids("message_bury", tags, reason=reason, owner=owner)
+
+    def message_requeue(self, tags: Iterable[Tag], *, max_attempts: int, owner: str) -> Outcome:
         ids, run_counts = split_tags(tags)
         if not ids:
             return Outcome(frozenset(), frozenset())
@@ -125,6 +127,7 @@ class MessageQueries(Session):
             {
                 "ids": ids,
                 "run_counts": run_counts,
+                "owner": owner,
                 "max_attempts": max_attempts,
                 "exhausted_reason": "max_attempts exceeded",
                 "channel": self.channel,

@@ -180,7 +180,7 @@ def test_expired_messages_are_never_delivered(make_connection: Any, store: Store
     later = datetime.now(UTC) + timedelta(seconds=5)
     got = store.message_claim(queues=["ttl"], limits=[10], owner="x", now=later)
     assert len(got) == 1
-    store.message_release([got[0].tag])
+    store.message_release([got[0].tag], owner="x")
     counts = store.queue_expire(ttl=30, now=later)
     assert counts["expired"] == 1
     assert counts["buried"] == 0  # no dead-letter exchange named: dropped, as RabbitMQ does

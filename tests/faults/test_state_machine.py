@@ -172,7 +172,7 @@ class StoreMachine(RuleBasedStateMachine):
             return
         consumer, tag = picked
         live = self.m.current(tag)
-        done = self.w.stores[consumer].message_ack([tag])
+        done = self.w.stores[consumer].message_ack([tag], owner=consumer)
         assert done == ({tag[0]} if live else set()), f"ack of {tag}: model says live={live is not None}"
         self.seen.update(("ack: written" if live else "ack: fenced (stale run_count)",))
         if live:
@@ -205,7 +205,7 @@ class StoreMachine(RuleBasedStateMachine):
         live = self.m.current(tag)
         store = self.w.stores[consumer]
         if requeue:
-            outcome = store.message_requeue([tag], max_attempts=MAX_ATTEMPTS)
+            outcome = store.message_requeue([tag], max_attempts=MAX_ATTEMPTS, owner=consumer)
             expected = self.m.to_ready_or_dead(live) if live else None
             self.seen.update((f"requeue: {expected or 'fenced'}",))
             assert (outcome.ready, outcome.dead) == (
@@ -213,7 +213,7 @@ class StoreMachine(RuleBasedStateMachine):
                 frozenset({tag[0]}) if expected == "dead" else frozenset(),
             )
         else:
-            done = store.message_bury([tag], reason=REJECT_REASON)
+            done = store.message_bury([tag], reason=REJECT_REASON, owner=consumer)
             assert done == ({tag[0]} if live else set())
             if live:
                 live.state, live.reason, live.owner = "dead", REJECT_REASON, None
@@ -225,7 +225,7 @@ class StoreMachine(RuleBasedStateMachine):
             return
         consumer, tag = picked
         live = self.m.current(tag)
-        done = self.w.stores[consumer].message_release([tag])
+        done = self.w.stores[consumer].message_release([tag], owner=consumer)
         assert done == ({tag[0]} if live else set())
         self.seen.update(("release: " + ("written" if live else "fenced"),))
         if live:  # a graceful give-back: the attempt is returned
@@ -239,7 +239,7 @@ class StoreMachine(RuleBasedStateMachine):
         live = [t for t, c in self.m.owners.items() if c == consumer and self.m.current(t)]
         if live:
             tag = max(live)
-            outcome = self.w.stores[consumer].message_requeue([tag], max_attempts=MAX_ATTEMPTS)
+            outcome = self.w.stores[consumer].message_requeue([tag], max_attempts=MAX_ATTEMPTS, owner=consumer)
             expected = self.m.to_ready_or_dead(self.m.messages[tag[0]])
             assert set(outcome.dead if expected == "dead" else outcome.ready) == {tag[0]}
             self.seen.update((f"requeue: {expected}",))

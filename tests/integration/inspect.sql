@@ -56,7 +56,7 @@ SELECT name FROM pg_prepared_statements WHERE statement LIKE '-- The hot path in
 
 -- name: explain_prepared_claim
 -- What this session's prepared claim reads to claim one message of queue 'q' (functions included).
-EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {statement}('{}', '{}', '{q}', '{1}', 'plan-probe', NULL);
+EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {statement}('{}', '{}', 'plan-probe', '{q}', '{1}', NULL);
 
 -- name: auto_explain_load
 -- The server's auto_explain module in this session (superuser; contrib).
@@ -72,3 +72,10 @@ SELECT set_config('auto_explain.log_min_duration', '0', false),
 -- name: loop_claim_plans
 -- How this session's event-loop ack+claim statement has been planned: (generic, custom) plan counts.
 SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = 'akadze_ack_claim';
+
+-- name: forget_claim
+-- Undo the claim of message %(id)s as a server that lost it would (a failover to an asynchronous
+-- standby that never got the claim's WAL): ready again, run_count and attempts as before the claim.
+UPDATE {schema}.messages
+SET state = 'ready', owner = NULL, claimed_at = NULL, run_count = run_count - 1, attempts = attempts - 1
+WHERE id = %(id)s AND state = 'held';

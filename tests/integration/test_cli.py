@@ -40,7 +40,7 @@ def bury(store: Store, queue: str, n: int, *, reason: str = "bad input", task: s
         store.message_insert(NewMessage(queue=queue, body=f"{queue}-{i}".encode(), headers={"task": task}))
     store.consumer_heartbeat(consumer_id=OWNER, hostname="h", pid=1)
     claimed = store.message_claim(queues=[queue], limits=[n], owner=OWNER)
-    return sorted(store.message_bury([m.tag for m in claimed], reason=reason))
+    return sorted(store.message_bury([m.tag for m in claimed], reason=reason, owner=OWNER))
 
 
 def every_command(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

@@ -43,7 +43,7 @@ def _backlog_then_drain(store: Store, keep: int = 0) -> None:
     store.message_insert_many([NewMessage(queue="q", body=b"x" * 100) for _ in range(ROWS)])
     store.consumer_heartbeat(consumer_id=OWNER, hostname="h", pid=1)
     while batch := store.message_claim(queues=["q"], limits=[5_000], owner=OWNER):
-        store.message_ack([m.tag for m in batch])
+        store.message_ack([m.tag for m in batch], owner=OWNER)
     _vacuum(store)
 
 

@@ -173,7 +173,7 @@ def test_a_prepared_claim_walks_the_indexes_once_a_backlog_arrives(pg_url: str, 
             store.message_insert(NewMessage(queue="q", body=b"w"))
             claimed, _ = s.message_ack_claim(acks=[], queues=["q"], limits=[1], owner=OWNER)
             assert len(claimed) == 1
-            s.message_ack([m.tag for m in claimed])
+            s.message_ack([m.tag for m in claimed], owner=OWNER)
         store.message_insert_many([NewMessage(queue="q", body=b"b" * 100)] * 200_000)
         with s.connection().cursor() as cur:
             cur.execute(SQL["prepared_claim"], prepare=False)

@@ -32,7 +32,7 @@ def bury(store: Store, queue: str, n: int, *, reason: str = "bad input", task: s
     register(store)
     claimed = store.message_claim(queues=[queue], limits=[n], owner=OWNER)
     assert len(claimed) == n
-    return sorted(store.message_bury([m.tag for m in claimed], reason=reason))
+    return sorted(store.message_bury([m.tag for m in claimed], reason=reason, owner=OWNER))
 
 
 def test_stats_count_ready_held_delayed_dead_and_the_oldest_ready_age(store: Store) -> None:
@@ -161,13 +161,13 @@ def test_replay_keeps_run_count_so_a_stale_tag_cannot_ack_the_replayed_message(s
     store.message_insert(NewMessage(queue="q", body=b"x"))
     register(store)
     (first,) = store.message_claim(queues=["q"], limits=[1], owner=OWNER)
-    store.message_bury([first.tag], reason="worker gave up")
+    store.message_bury([first.tag], reason="worker gave up", owner=OWNER)
     deadletters.replay(store, deadletters.matching(ids=[first.id]))
     (second,) = store.message_claim(queues=["q"], limits=[1], owner=OWNER)
     assert (second.id, second.attempts) == (first.id, 1)
     assert second.run_count > first.run_count
-    assert store.message_ack([first.tag]) == set()
-    assert store.message_ack([second.tag]) == {first.id}
+    assert store.message_ack([first.tag], owner=OWNER) == set()
+    assert store.message_ack([second.tag], owner=OWNER) == {first.id}
 
 
 def test_replay_wakes_listeners_of_the_queue(pg_url: str, schema: str, store: Store) -> None:

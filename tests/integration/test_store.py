@@ -14,6 +14,7 @@ from kombu_akadze import rescue, sqlfiles
 from kombu_akadze.store import NewMessage, Store
 
 OWNER = "consumer-a"
+SQL = sqlfiles.parse_blocks(Path(__file__).with_name("inspect.sql").read_text())
 
 
 def publish(store: Store, queue: str = "q", n: int = 1, **kw: object) -> list[int]:
@@ -91,18 +92,47 @@ def test_ack_is_fenced_on_run_count(store: Store) -> None:
     (mid,) = publish(store)
     register(store)
     (got,) = claim(store)
-    assert store.message_ack([(mid, got.run_count + 1)]) == set()
+    assert store.message_ack([(mid, got.run_count + 1)], owner=OWNER) == set()
     assert store.message_get(mid) is not None
-    assert store.message_ack([got.tag]) == {mid}
+    assert store.message_ack([got.tag], owner=OWNER) == {mid}
     assert store.message_get(mid) is None
-    assert store.message_ack([got.tag]) == set()
+    assert store.message_ack([got.tag], owner=OWNER) == set()
+
+
+def test_a_run_the_server_lost_and_gave_again_fences_every_late_outcome_of_the_first_owner(
+    store: Store, pg_url: str, schema: str
+) -> None:
+    """Injected: consumer A's claim undone as a failover to an asynchronous standby undoes it, so B's
+    claim issues the same (id, run_count) again. 1 message in; A's late ack, ack+claim, release,
+    requeue and reject all change nothing (the owner is in the fence); B's ack completes it:
+    run twice, completed once, 0 duplicated by an outcome of the wrong run, 0 lost."""
+    (mid,) = publish(store)
+    register(store, "consumer-a")
+    register(store, "consumer-b")
+    (a_run,) = claim(store, owner="consumer-a")
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(SQL["forget_claim"].replace("{schema}", sqlfiles.quote_ident(schema)), {"id": mid})
+    (b_run,) = claim(store, owner="consumer-b")
+    assert b_run.tag == a_run.tag
+    assert store.message_ack([a_run.tag], owner="consumer-a") == set()
+    assert store.message_ack_claim(acks=[a_run.tag], queues=["q"], limits=[1], owner="consumer-a") == ([], set())
+    assert store.message_release([a_run.tag], owner="consumer-a") == set()
+    assert store.message_bury([a_run.tag], reason="late", owner="consumer-a") == set()
+    requeued = store.message_requeue([a_run.tag], max_attempts=20, owner="consumer-a")
+    assert (requeued.ready, requeued.dead) == (set(), set())
+    row = store.message_get(mid)
+    assert row is not None
+    assert (row["state"], row["owner"], row["run_count"]) == ("held", "consumer-b", b_run.run_count)
+    assert store.message_ack([b_run.tag], owner="consumer-b") == {mid}
+    assert store.message_counts() == {}
+    assert store.deadletter_list() == []
 
 
 def test_release_gives_the_attempt_back_in_place(store: Store) -> None:
     (mid,) = publish(store)
     register(store)
     (got,) = claim(store)
-    assert store.message_release([got.tag]) == {mid}
+    assert store.message_release([got.tag], owner=OWNER) == {mid}
     row = store.message_get(mid)
     assert row is not None
     assert (row["state"], row["attempts"], row["run_count"], row["owner"]) == ("ready", 0, 1, None)
@@ -117,10 +147,10 @@ def test_requeue_spends_the_attempt_and_buries_after_max_attempts(store: Store) 
     for attempt in (1, 2):
         (got,) = claim(store)
         assert got.attempts == attempt
-        outcome = store.message_requeue([got.tag], max_attempts=3)
+        outcome = store.message_requeue([got.tag], max_attempts=3, owner=OWNER)
         assert outcome.ready == {mid}
     (got,) = claim(store)
-    outcome = store.message_requeue([got.tag], max_attempts=3)
+    outcome = store.message_requeue([got.tag], max_attempts=3, owner=OWNER)
     assert outcome.dead == {mid}
     assert store.message_get(mid) is None
     (dead,) = store.deadletter_list(queue="q")
@@ -132,15 +162,15 @@ def test_per_queue_max_attempts_overrides_the_default(store: Store) -> None:
     (mid,) = publish(store, queue="strict")
     register(store)
     (got,) = claim(store, queue="strict")
-    assert store.message_requeue([got.tag], max_attempts=20).dead == {mid}
+    assert store.message_requeue([got.tag], max_attempts=20, owner=OWNER).dead == {mid}
 
 
 def test_bury_moves_to_dead_letters_with_reason_and_is_fenced(store: Store) -> None:
     (mid,) = publish(store)
     register(store)
     (got,) = claim(store)
-    assert store.message_bury([(mid, 99)], reason="nope") == set()
-    assert store.message_bury([got.tag], reason="bad input") == {mid}
+    assert store.message_bury([(mid, 99)], reason="nope", owner=OWNER) == set()
+    assert store.message_bury([got.tag], reason="bad input", owner=OWNER) == {mid}
     (dead,) = store.deadletter_list()
     assert (dead["reason"], dead["queue"]) == ("bad input", "q")
 
@@ -226,7 +256,7 @@ def test_concurrent_claimers_never_share_a_message(pg_url: str, schema: str, sto
         mine: list[int] = []
         while batch := s.message_claim(queues=["q"], limits=[7], owner=name):
             mine.extend(m.id for m in batch)
-            s.message_ack([m.tag for m in batch])
+            s.message_ack([m.tag for m in batch], owner=name)
         seen[name] = mine
         s.close()
 

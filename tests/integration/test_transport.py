@@ -359,10 +359,10 @@ def test_a_draining_consumer_writes_its_acks_in_batches(make_connection: Any, st
     store_of = conn.transport.store
     real_ack, real_ack_claim = store_of.message_ack, store_of.message_ack_claim
 
-    def counting_ack(tags):  # type: ignore[no-untyped-def]
+    def counting_ack(tags, *, owner):  # type: ignore[no-untyped-def]
         tags = list(tags)
         calls.append(len(tags))
-        return real_ack(tags)
+        return real_ack(tags, owner=owner)
 
     def counting_ack_claim(*, acks, **kwargs):  # type: ignore[no-untyped-def]
         acks = list(acks)
