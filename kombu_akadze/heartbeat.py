@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from kombu_akadze import rescue
 from kombu_akadze.compact import Compactor
@@ -31,6 +31,7 @@ class Heartbeat:
         rescue_interval: float,
         max_attempts: int,
         queues: Callable[[], list[str]] = list,
+        tracked: Callable[[], Collection[int] | None] = lambda: None,
         compactor: Compactor | None = None,
         vacuumer: Vacuumer | None = None,
     ) -> None:
@@ -43,6 +44,11 @@ class Heartbeat:
         self.rescue_interval = rescue_interval
         self.max_attempts = max_attempts
         self.queues = queues
+        #: The ids the transport holds, or None while that cannot be said (a claim in flight).
+        self.tracked = tracked
+        #: Held under our id, claimed over ttl ago, not tracked at the last pass: id -> run_count.
+        self._orphans: dict[int, int] = {}
+        self.unstranded = 0
         self.compactor = compactor
         self.vacuumer = vacuumer
         self.beats = 0
@@ -99,20 +105,30 @@ class Heartbeat:
         return True
 
     def maintain(self) -> bool:
-        """Heartbeat, rescue, queue expiry and message TTL in one statement (see consumer_maintain)."""
+        """Heartbeat, rescue, queue expiry, message TTL and the reconcile of this consumer's own held rows
+        with what the transport tracks, in one statement (see consumer_maintain)."""
+        tracked = self.tracked()
         try:
-            counts = self.store.consumer_maintain(
+            result = self.store.consumer_maintain(
                 consumer_id=self.consumer_id,
                 hostname=self.hostname,
                 pid=self.pid,
                 queues=self.queues(),
                 ttl=self.ttl,
                 max_attempts=self.max_attempts,
+                tracked=tracked,
+                orphans=self._orphans,
             )
         except AkadzeError as exc:
             logger.warning("kombu-akadze heartbeat/rescue of %s failed, will retry: %s", self.consumer_id, exc)
             return False
         self.last_ok = time.monotonic()
+        counts = result.counts
+        if tracked is not None:
+            # Released only when seen untracked at two passes in a row: a message moving between the
+            # transport's buffers as the ids were read is never mistaken for one nobody holds.
+            self._orphans = result.orphans
+        self.unstranded += counts["unstranded"]
         rescue.report(counts, ttl=self.ttl)
         if self.vacuumer is not None:
             self.vacuumer.offer(counts.get("unvacuumed", 0))

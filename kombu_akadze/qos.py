@@ -49,6 +49,8 @@ class QoS(virtual.QoS):
         super().__init__(channel, prefetch_count)
         self._pending_lock = threading.Lock()
         self._pending: list[tuple[str, str]] = []
+        #: Outcomes taken from _pending and being written right now (see tracked_ids).
+        self._writing: list[str] = []
         self._pending_since = 0.0
         # Kept past the channel's close (kombu sets channel.connection to None): a task that was running
         # when Celery dropped a broken connection still settles its message, fenced, on this transport.
@@ -107,35 +109,55 @@ class QoS(virtual.QoS):
         with self._pending_lock:
             return len(self._pending)
 
+    def tracked_ids(self) -> set[int]:
+        """Row ids this channel holds: delivered and not settled, or settled with the outcome not yet
+        written (buffered, or being written). The heartbeat's reconcile leaves them alone."""
+        with self._pending_lock:
+            tags = [dtag for _, dtag in self._pending] + self._writing
+        tags += list(self._delivered)
+        return {parse_tag(dtag)[0] for dtag in tags}
+
     def take_acks(self) -> list[str]:
         """Hand the buffered acks to a combined ack+claim statement (see acks_written, acks_failed)."""
         with self._pending_lock:
             acks = [dtag for kind, dtag in self._pending if kind == "ack"]
             self._pending = [(kind, dtag) for kind, dtag in self._pending if kind != "ack"]
+            self._writing += acks
         return acks
 
     def acks_written(self, dtags: list[str], done: set[int]) -> None:
+        self._written(dtags)
         self._report("ack", [parse_tag(d) for d in dtags], done)
 
     def acks_failed(self, dtags: list[str]) -> None:
         with self._pending_lock:
             self._pending[:0] = [("ack", d) for d in dtags]
+        self._written(dtags)
+
+    def _written(self, dtags: list[str]) -> None:
+        with self._pending_lock:
+            for dtag in dtags:
+                self._writing.remove(dtag)
 
     def flush(self, kinds: tuple[str, ...] = ("ack", "bury", "requeue")) -> int:
         """Write the buffered outcomes of *kinds*, one statement per kind; returns how many still wait."""
         with self._pending_lock:
             batch = [(k, d) for k, d in self._pending if k in kinds]
             self._pending = [(k, d) for k, d in self._pending if k not in kinds]
+            writing = [d for _, d in batch]
+            self._writing += writing
         if not batch:
             return 0
         failed: list[tuple[str, str]] = []
-        for kind in kinds:
-            dtags = [dtag for k, dtag in batch if k == kind]
-            if dtags and not self._write(kind, dtags):
-                failed.extend((kind, dtag) for dtag in dtags)
-        if failed:
+        try:
+            for kind in kinds:
+                dtags = [dtag for k, dtag in batch if k == kind]
+                if dtags and not self._write(kind, dtags):
+                    failed.extend((kind, dtag) for dtag in dtags)
+        finally:
             with self._pending_lock:
                 self._pending[:0] = failed
+            self._written(writing)
         return len(failed)
 
     def _write(self, kind: str, dtags: list[str]) -> bool:

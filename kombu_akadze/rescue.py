@@ -63,6 +63,13 @@ def expire_once(store: Store, *, ttl: float, now: datetime | None = None) -> dic
 def report(counts: dict[str, int], *, ttl: float) -> None:
     """Log what one maintenance pass (consumer_maintain) changed, if anything."""
     _log_rescue(counts["consumers_gone"], counts["requeued"], counts["dead"], ttl=ttl)
+    if counts.get("unstranded"):
+        logger.warning(
+            "kombu-akadze reconcile: %d message(s) held under this consumer's id for over %.0f s that it "
+            "never received (the reply of a claim that committed was lost) back to ready, attempt given back",
+            counts["unstranded"],
+            ttl,
+        )
     if counts["queues"] or counts["expired"]:
         logger.info(
             "kombu-akadze expiry: %d unused queue(s) deleted (%d message(s) with them), "

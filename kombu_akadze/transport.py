@@ -71,7 +71,7 @@ from kombu.utils.objects import cached_property
 from kombu_akadze import embedded, migrate
 from kombu_akadze.channel import Channel
 from kombu_akadze.compact import Compactor
-from kombu_akadze.delivery import Deliverer, Round
+from kombu_akadze.delivery import Deliverer, Round, buffer_of
 from kombu_akadze.errors import AkadzeError, TransientDatabaseError
 from kombu_akadze.events import HubDriver, Listener, Waker, jittered
 from kombu_akadze.flusher import DelayedFlush
@@ -305,6 +305,7 @@ class Transport(virtual.Transport):
                 rescue_interval=opts.rescue_interval,
                 max_attempts=opts.max_attempts,
                 queues=self.consumed_queues,
+                tracked=self.tracked_ids,
                 compactor=Compactor(store, interval=opts.compact_interval) if opts.compact_interval else None,
                 vacuumer=Vacuumer(lambda: self._new_store("vacuum")),
             )
@@ -314,6 +315,23 @@ class Transport(virtual.Transport):
             self._heartbeat = heartbeat
             if self._listener is None:
                 self._listener = Listener(self._new_store("listen"), enabled=opts.listen, waker=self.waker)
+
+    def tracked_ids(self) -> set[int] | None:
+        """Every row id this connection holds: claimed and buffered, delivered and unsettled, or with an
+        outcome still to write. None while a claim is in flight (its rows are not buffered yet). Runs on
+        the heartbeat thread, whose reconcile gives back what this consumer holds and does not know."""
+        if self._claims_in_flight:
+            return None
+        ids: set[int] = set()
+        try:
+            for channel in list(self.channels):
+                ids.update(m.id for m in list(buffer_of(channel)))
+                qos = channel._qos
+                if qos is not None:
+                    ids |= qos.tracked_ids()
+        except RuntimeError:  # a buffer changed size as it was read: no reconcile this pass
+            return None
+        return None if self._claims_in_flight else ids
 
     def _flush_from_heartbeat(self) -> None:
         """Outcomes of a kombu consumer that stopped draining, or that DelayedFlush could not write, still

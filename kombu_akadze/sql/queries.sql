@@ -299,6 +299,14 @@ SELECT (SELECT heartbeat_at FROM beat) AS heartbeat_at, (SELECT count(*) FROM to
 -- once max_attempts is used up) and forget those consumers; delete expired or
 -- abandoned queues; expire ready messages past their TTL. This consumer's own
 -- row and messages are never its own rescue's targets.
+-- Reconcile: %(tracked)s lists the ids the transport holds (claimed, delivered, or
+-- with an outcome still to write); NULL skips the check (a claim is in flight).
+-- Rows held under this consumer's id, claimed more than %(ttl)s s ago and not
+-- listed, are returned as orphans: the reply of a claim that committed was lost
+-- (the connection dropped after the commit), so nobody will deliver or settle
+-- them while this consumer lives. %(orphan_ids)s / %(orphan_run_counts)s are the
+-- orphans of the previous pass, less any tracked since: still held by this
+-- consumer in that same run, they go back to ready, the attempt given back.
 WITH beat AS (
     INSERT INTO {schema}.consumers (id, hostname, pid, started_at, heartbeat_at)
     VALUES (%(id)s, %(hostname)s, %(pid)s,
@@ -316,6 +324,20 @@ WITH beat AS (
     WHERE heartbeat_at < COALESCE(%(now)s::timestamptz, now()) - make_interval(secs => %(ttl)s)
       AND id <> %(id)s
     RETURNING id
+), orphans AS (
+    SELECT m.id, m.run_count
+    FROM {schema}.messages AS m
+    WHERE %(tracked)s::bigint[] IS NOT NULL
+      AND m.state = 'held' AND m.owner = %(id)s
+      AND m.claimed_at < COALESCE(%(now)s::timestamptz, now()) - make_interval(secs => %(ttl)s)
+      AND m.id <> ALL(%(tracked)s::bigint[])
+), unstranded AS (
+    UPDATE {schema}.messages AS m
+    SET state = 'ready', owner = NULL, claimed_at = NULL, attempts = GREATEST(m.attempts - 1, 0)
+    FROM unnest(%(orphan_ids)s::bigint[], %(orphan_run_counts)s::integer[]) AS t(id, run_count)
+    WHERE m.id = t.id AND m.run_count = t.run_count AND m.state = 'held' AND m.owner = %(id)s
+      AND m.id <> ALL(%(tracked)s::bigint[])
+    RETURNING m.id, m.queue
 ), target AS (
     SELECT m.id, m.attempts >= COALESCE(q.max_attempts, %(max_attempts)s) AS exhausted
     FROM {schema}.messages AS m
@@ -389,7 +411,8 @@ WITH beat AS (
     RETURNING queue
 ), woken AS (
     SELECT pg_notify(%(channel)s, r.queue)
-    FROM (SELECT queue FROM requeued UNION SELECT queue FROM promoted UNION SELECT queue FROM dl_routed) AS r
+    FROM (SELECT queue FROM requeued UNION SELECT queue FROM promoted UNION SELECT queue FROM dl_routed
+          UNION SELECT queue FROM unstranded) AS r
 ), capped AS (
     -- x-max-length with drop-head: the oldest ready messages beyond the cap are dropped.
     DELETE FROM {schema}.messages AS m
@@ -434,6 +457,9 @@ SELECT (SELECT count(*) FROM requeued) AS requeued, (SELECT count(*) FROM buried
        (SELECT count(*) FROM expired_buried) AS buried, (SELECT count(*) FROM touched) AS touched,
        (SELECT count(*) FROM promoted) AS promoted, (SELECT count(*) FROM capped) AS capped,
        (SELECT count(*) FROM dl_routed) AS dead_lettered,
+       (SELECT count(*) FROM unstranded) AS unstranded,
+       ARRAY(SELECT id FROM orphans ORDER BY id) AS orphan_ids,
+       ARRAY(SELECT run_count FROM orphans ORDER BY id) AS orphan_run_counts,
        -- Dead rows of the messages table that nothing else will vacuum: counted only while the
        -- server's autovacuum is off (the consumer then vacuums, see vacuum.py); 0 otherwise.
        -- Only a role that may vacuum the table (its owner, a member of it, a superuser) sees them.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -18,6 +18,7 @@ from kombu_akadze.store.records import (
     DeadLetter,
     DeadLetterFilter,
     DeadLetterSummary,
+    Maintenance,
     NewMessage,
     QueueStats,
     ReplayResult,
@@ -54,9 +55,14 @@ class AdminQueries(Session):
         queues: Sequence[str],
         ttl: float,
         max_attempts: int,
+        tracked: Collection[int] | None = None,
+        orphans: Mapping[int, int] | None = None,
         now: datetime | None = None,
-    ) -> dict[str, int]:
-        """Heartbeat + rescue + queue expiry + message TTL in one statement; counts of what it did."""
+    ) -> Maintenance:
+        """Heartbeat + rescue + queue expiry + message TTL + reconcile in one statement: counts of what
+        it did, and this consumer's orphans. *tracked* None skips the reconcile; *orphans* (the previous
+        pass's, less those tracked since) go back to ready while still held in that run."""
+        release = dict(orphans or {}) if tracked is not None else {}
         rows = self._run(
             "consumer_maintain",
             {
@@ -67,12 +73,17 @@ class AdminQueries(Session):
                 "ttl": float(ttl),
                 "max_attempts": max_attempts,
                 "exhausted_reason": "max_attempts exceeded",
+                "tracked": None if tracked is None else sorted(tracked),
+                "orphan_ids": list(release),
+                "orphan_run_counts": list(release.values()),
                 "now": now,
                 "channel": self.channel,
                 "schema": self.schema,
             },
         )
-        return {k: int(v) for k, v in rows[0].items()}
+        row = dict(rows[0])
+        seen = dict(zip(row.pop("orphan_ids"), row.pop("orphan_run_counts"), strict=True))
+        return Maintenance(counts={k: int(v) for k, v in row.items()}, orphans=seen)
 
     def messages_size(self) -> TableSize:
         rows = self._run("messages_size", {"schema": self.schema})

@@ -39,6 +39,15 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class Maintenance:
+    """What one consumer_maintain pass did (counts by kind), and the orphans it saw: rows held under
+    the consumer's id that the transport did not track, id -> run_count (released if seen again)."""
+
+    counts: dict[str, int]
+    orphans: dict[int, int]
+
+
+@dataclass(frozen=True)
 class NewMessage:
     queue: str
     body: bytes

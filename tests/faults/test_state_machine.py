@@ -260,7 +260,7 @@ class StoreMachine(RuleBasedStateMachine):
             ttl=TTL,
             max_attempts=MAX_ATTEMPTS,
             now=self.now(),
-        )
+        ).counts
         ready, dead, gone = self.m.rescue(exclude=consumer)
         self.m.heartbeats[consumer] = self.m.clock
         if ready or dead:

@@ -14,7 +14,9 @@ from kombu_akadze.testing import eventually
 
 
 def maintain(store: Store, now: datetime) -> dict[str, int]:
-    return store.consumer_maintain(consumer_id="m", hostname="h", pid=1, queues=[], ttl=30, max_attempts=20, now=now)
+    return store.consumer_maintain(
+        consumer_id="m", hostname="h", pid=1, queues=[], ttl=30, max_attempts=20, now=now
+    ).counts
 
 
 def states(store: Store) -> dict[tuple[str, str], int]:

@@ -83,7 +83,7 @@ def test_messages_not_yet_available_are_not_claimed_until_promoted(store: Store)
     assert claim(store, now=later) == []  # delayed rows wait outside the claim index...
     counts = store.consumer_maintain(
         consumer_id=OWNER, hostname="h", pid=1, queues=[], ttl=30, max_attempts=20, now=later
-    )
+    ).counts
     assert counts["promoted"] == 1  # ...until the maintenance pass promotes them when due
     assert len(claim(store, now=later)) == 1
 
