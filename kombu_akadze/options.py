@@ -74,6 +74,11 @@ class Options:
     #: Let psycopg prepare statements it runs often (server-side); off for PgBouncer in
     #: transaction pooling mode before 1.21, where a prepared statement may be on another server.
     prepared_statements: bool = True
+    #: Acks and claims wait for the WAL flush (and synchronous standbys) before they return, as
+    #: publishes always do. Off, they commit asynchronously: a crash of the server may undo the
+    #: acks and claims of its last ~0.6 s (3 x wal_writer_delay), so those messages run again;
+    #: none is lost, since a publish, release, requeue or reject is always durable.
+    durable_acks: bool = False
 
     @classmethod
     def from_transport_options(cls, raw: Mapping[str, Any] | None) -> Options:

@@ -50,6 +50,9 @@ Transport Options
 * ``max_message_size`` (int, default 0 = no limit, bytes): largest body accepted.
 * ``prepared_statements`` (bool, default ``True``): psycopg's server-side prepared statements
   (off behind PgBouncer transaction pooling older than 1.21).
+* ``durable_acks`` (bool, default ``False``): acks and claims wait for the WAL flush (and any
+  synchronous standby) like publishes; off, a server crash may make the last ~0.6 s of finished
+  messages run again (never lost), as RabbitMQ's unconfirmed acks.
 """
 
 from __future__ import annotations
@@ -181,6 +184,7 @@ class Transport(virtual.Transport):
             role=role,
             connect_timeout=self.options.connect_timeout,
             prepared_statements=self.options.prepared_statements,
+            durable_acks=self.options.durable_acks,
         )
 
     def establish_connection(self) -> Any:

@@ -144,22 +144,35 @@ FROM {schema}.claim(%(queues)s::text[], %(limits)s::integer[], %(owner)s::text, 
 -- The hot path in one round trip: delete the runs this consumer finished
 -- (fenced on (id, run_count, owner), as message_ack) and claim the next messages (as
 -- message_claim). Rows come back as claimed messages, then acked ids (acked = true).
-WITH acked AS (
+-- Unless %(durable)s, it commits without waiting for the WAL flush (or a synchronous
+-- standby): a server crash may undo the last fraction of a second of acks and
+-- claims, so those messages run again; none is lost (see durable_acks). The
+-- one-time filters make the set_config run before either branch, rows or not.
+WITH relaxed AS (
+    SELECT set_config('synchronous_commit',
+                      CASE WHEN %(durable)s::boolean THEN current_setting('synchronous_commit') ELSE 'off' END,
+                      true) AS sc
+), acked AS (
     SELECT a.id FROM {schema}.ack(%(ack_ids)s::bigint[], %(ack_run_counts)s::integer[], %(owner)s::text) AS a(id)
 ), claimed AS (
     SELECT c.id, c.queue, c.priority, c.body, c.content_type, c.content_encoding,
            c.headers, c.properties, c.run_count, c.attempts
     FROM {schema}.claim(%(queues)s::text[], %(limits)s::integer[], %(owner)s::text, %(now)s::timestamptz) AS c
 )
-SELECT claimed.*, false AS acked FROM claimed
+SELECT claimed.*, false AS acked FROM claimed WHERE (SELECT sc FROM relaxed) IS NOT NULL
 UNION ALL
-SELECT acked.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, true FROM acked;
+SELECT acked.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, true FROM acked
+WHERE (SELECT sc FROM relaxed) IS NOT NULL;
 
 -- name: message_ack
 -- Delete the messages this consumer finished, fenced on (id, run_count, owner)
 -- (function ack, migration 0006): a run that was rescued and re-claimed since, or
 -- a run a failed-over server lost and gave again to another consumer, is left alone.
-SELECT a.id FROM {schema}.ack(%(ids)s::bigint[], %(run_counts)s::integer[], %(owner)s::text) AS a(id);
+-- Committed without waiting for the WAL flush unless %(durable)s (as message_ack_claim).
+SELECT a.id FROM {schema}.ack(%(ids)s::bigint[], %(run_counts)s::integer[], %(owner)s::text) AS a(id)
+WHERE set_config('synchronous_commit',
+                 CASE WHEN %(durable)s::boolean THEN current_setting('synchronous_commit') ELSE 'off' END,
+                 true) IS NOT NULL;
 
 -- name: message_release
 -- Graceful give-back (shutdown, connection close): ready again in place, the

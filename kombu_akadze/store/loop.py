@@ -73,7 +73,7 @@ class LoopClaims(Session):
         self, *, acks: Iterable[Tag], queues: Sequence[str], limits: Sequence[int], owner: str
     ) -> int:
         """Send message_ack_claim without waiting; returns the socket to watch for its result."""
-        params = ack_claim_params(acks, queues, limits, owner, None)
+        params = ack_claim_params(acks, queues, limits, owner, None, durable=self.durable_acks)
         with self._lock:
             if self._in_flight is not None or self._landed is not None:
                 raise RuntimeError("message_ack_claim is already in flight on this session")

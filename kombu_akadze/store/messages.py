@@ -104,13 +104,15 @@ class MessageQueries(Session):
         now: datetime | None = None,
     ) -> tuple[list[ClaimedMessage], set[int]]:
         """Write finished runs and claim the next messages in one statement: (claimed, acked ids)."""
-        rows = self._run("message_ack_claim", ack_claim_params(acks, queues, limits, owner, now))
+        rows = self._run(
+            "message_ack_claim", ack_claim_params(acks, queues, limits, owner, now, durable=self.durable_acks)
+        )
         return ack_claim_outcome(rows)
 
     # Every outcome is fenced on (id, run_count) and on the owner, the consumer that claimed the run.
 
     def message_ack(self, tags: Iterable[Tag], *, owner: str) -> set[int]:
-        return self._ids("message_ack", tags, owner=owner)
+        return self._ids("message_ack", tags, owner=owner, durable=self.durable_acks)
 
     def message_release(self, tags: Iterable[Tag], *, owner: str) -> set[int]:
         return self._ids("message_release", tags, owner=owner, channel=self.channel)

@@ -73,12 +73,18 @@ def split_tags(tags: Iterable[Tag]) -> tuple[list[int], list[int]]:
 
 
 def ack_claim_params(
-    acks: Iterable[Tag], queues: Sequence[str], limits: Sequence[int], owner: str, now: datetime | None
+    acks: Iterable[Tag],
+    queues: Sequence[str],
+    limits: Sequence[int],
+    owner: str,
+    now: datetime | None,
+    *,
+    durable: bool,
 ) -> dict[str, Any]:
     """The parameters of message_ack_claim, for the blocking and the event-loop paths alike."""
     ack_ids, ack_run_counts = split_tags(acks)
     return {"ack_ids": ack_ids, "ack_run_counts": ack_run_counts, "queues": list(queues),
-            "limits": list(limits), "owner": owner, "now": now}  # fmt: skip
+            "limits": list(limits), "owner": owner, "now": now, "durable": durable}  # fmt: skip
 
 
 def ack_claim_outcome(rows: list[dict[str, Any]]) -> tuple[list[ClaimedMessage], set[int]]:

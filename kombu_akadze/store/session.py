@@ -143,12 +143,15 @@ class Session:
         role: str = "command",
         connect_timeout: float = 10.0,
         prepared_statements: bool = True,
+        durable_acks: bool = False,
     ) -> None:
         self.dsn = dsn
         self.schema = schema
         self.role = role
         self.connect_timeout = connect_timeout
         self.prepared_statements = prepared_statements
+        #: Acks and claims wait for the WAL flush, as publishes always do (transport option durable_acks).
+        self.durable_acks = durable_acks
         self.channel = notify_channel(schema)
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.RLock()

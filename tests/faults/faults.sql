@@ -125,3 +125,19 @@ ALTER ROLE {role} WITH NOLOGIN;
 -- name: vacuum_stats
 -- Dead rows of the messages table and when it was last vacuumed by hand (not by autovacuum).
 SELECT n_dead_tup, last_vacuum FROM pg_stat_user_tables WHERE schemaname = %(schema)s AND relname = 'messages';
+
+-- name: sync_standby_reset
+-- Commits no longer wait for a standby (with a reload).
+ALTER SYSTEM RESET synchronous_standby_names;
+
+-- name: sync_standby_show
+-- What a new session gets.
+SHOW synchronous_standby_names;
+
+-- name: waiting_for_standby
+-- Backends of one application_name whose commit waits for a synchronous standby.
+SELECT pid FROM pg_stat_activity WHERE application_name = %(app)s AND wait_event = 'SyncRep';
+
+-- name: cancel_pid
+-- Cancel one backend's wait (a commit waiting for a standby is then reported committed locally).
+SELECT pg_cancel_backend(%(pid)s);

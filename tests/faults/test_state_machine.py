@@ -252,15 +252,19 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(consumer=st.sampled_from(CONSUMERS))
     def maintain(self, consumer: str) -> None:
         """A consumer's heartbeat thread: beat and rescue the others in one statement."""
-        counts = self.w.stores[consumer].consumer_maintain(
-            consumer_id=consumer,
-            hostname="h",
-            pid=1,
-            queues=[QUEUE],
-            ttl=TTL,
-            max_attempts=MAX_ATTEMPTS,
-            now=self.now(),
-        ).counts
+        counts = (
+            self.w.stores[consumer]
+            .consumer_maintain(
+                consumer_id=consumer,
+                hostname="h",
+                pid=1,
+                queues=[QUEUE],
+                ttl=TTL,
+                max_attempts=MAX_ATTEMPTS,
+                now=self.now(),
+            )
+            .counts
+        )
         ready, dead, gone = self.m.rescue(exclude=consumer)
         self.m.heartbeats[consumer] = self.m.clock
         if ready or dead:

@@ -56,7 +56,8 @@ SELECT name FROM pg_prepared_statements WHERE statement LIKE '-- The hot path in
 
 -- name: explain_prepared_claim
 -- What this session's prepared claim reads to claim one message of queue 'q' (functions included).
-EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {statement}('{}', '{}', 'plan-probe', '{q}', '{1}', NULL);
+-- Parameters in order of first use: durable, ack_ids, ack_run_counts, owner, queues, limits, now.
+EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {statement}(false, '{}', '{}', 'plan-probe', '{q}', '{1}', NULL);
 
 -- name: auto_explain_load
 -- The server's auto_explain module in this session (superuser; contrib).

@@ -439,3 +439,12 @@ def test_requeues_are_written_before_a_purge(make_connection: Any, store: Store)
     conn.release()
     left = sum(store.message_counts().values())
     assert left == 0, f"{left} requeued messages came back after the purge (it purged {purged})"
+
+
+def test_durable_acks_reaches_every_session_of_the_connection(make_connection: Any) -> None:
+    """The option is the store's: off by default, on when set (tests/faults/test_durable_acks.py shows
+    what each does to a commit)."""
+    assert make_connection().transport.store.durable_acks is False
+    conn = make_connection(durable_acks="yes")
+    assert conn.transport.store.durable_acks is True
+    assert conn.transport._new_store("heartbeat").durable_acks is True
