@@ -21,6 +21,7 @@ test: $(STAMP)  ## the whole suite; AKADZE_TEST_URL picks a server, else embedde
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)  ## by hand: ratios against RabbitMQ measured in the same run
 	$(PY) -m pip install --quiet -e '.[dev,bench]'

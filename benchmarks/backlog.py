@@ -15,8 +15,8 @@ from brokers import Broker, Endpoints
 from celery_level import percentile
 from pgstats import Pg
 
-from kombu_akadze import compact, migrate
-from kombu_akadze.store import NewMessage, Store
+from kombu_akadze.lease import compact
+from kombu_akadze.store import NewMessage, Store, migrate
 
 BATCH = 10_000
 DRAIN_BATCH = 5_000

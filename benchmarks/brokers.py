@@ -11,7 +11,7 @@ from typing import Any
 import kombu
 from pgstats import Pg
 
-from kombu_akadze import migrate
+from kombu_akadze.store import migrate
 
 logger = logging.getLogger("bench")
 

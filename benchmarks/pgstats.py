@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from kombu_akadze.sqlfiles import quote_ident
+from kombu_akadze.store.sqlfiles import quote_ident
 
 _NAME = re.compile(r"^-- name: (?P<name>[a-z_]+)\s*$", re.M)
 _FILE = Path(__file__).with_name("queries.sql")

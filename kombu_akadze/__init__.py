@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from kombu.transport import TRANSPORT_ALIASES
 
+from kombu_akadze import _moved
+
 __version__ = "0.1.0"
 
 #: ``broker_url = "akadze+postgresql://..."`` resolves here once this package is imported
 #: (the ``celery`` CLI imports it through the celery.commands entry point).
 TRANSPORT_ALIASES.setdefault("akadze", "kombu_akadze.transport:Transport")
+_moved.install()
 
 
 def __getattr__(name: str) -> object:

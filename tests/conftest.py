@@ -9,8 +9,8 @@ import kombu
 import pytest
 
 import kombu_akadze  # noqa: F401  (registers the akadze alias)
+from kombu_akadze.integrations.testing import database_url, fresh_schema, store_for
 from kombu_akadze.store import Store
-from kombu_akadze.testing import database_url, fresh_schema, store_for
 
 # Short lease timings so rescue tests finish in seconds; heartbeat_ttl >= 2 x interval.
 FAST = {"heartbeat_interval": 0.25, "heartbeat_ttl": 2.0, "rescue_interval": 0.25, "poll_interval": 0.5}

@@ -4,7 +4,7 @@
     AKADZE_URL=postgresql://... celery -A examples.django_outbox.app worker     # send the confirmations
 
 With ``apply_async`` the task could run before the order is committed (the worker finds no
-row) or be sent for an order that is then rolled back. ``kombu_akadze.django.enqueue`` writes
+row) or be sent for an order that is then rolled back. ``kombu_akadze.integrations.django.enqueue`` writes
 the message in the same transaction as the order: after the commit both exist, after a
 rollback neither does, and there is no ``transaction.on_commit`` window in which a crash loses
 the task.
@@ -25,7 +25,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from psycopg.conninfo import conninfo_to_dict
 
-from kombu_akadze import django as akadze_django
+from kombu_akadze.integrations import django as akadze_django
 
 SEND_CONFIRMATION = "examples.django_outbox.send_confirmation"
 

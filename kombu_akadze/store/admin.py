@@ -12,8 +12,8 @@ from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from kombu_akadze import sqlfiles
 from kombu_akadze.errors import PermissionDeniedError, SchemaNotAppliedError, TransientDatabaseError
+from kombu_akadze.store import sqlfiles
 from kombu_akadze.store.records import (
     DeadLetter,
     DeadLetterFilter,
@@ -105,8 +105,8 @@ class AdminQueries(Session):
             conn = self.connection()
             try:
                 with conn.transaction(), conn.cursor() as cur:
-                    cur.execute(sqlfiles.render("queries.sql", "lock_timeout_set"), {"timeout": timeout})
-                    cur.execute(sqlfiles.render("queries.sql", "messages_reindex", schema=self.schema))
+                    cur.execute(sqlfiles.render("lock_timeout_set"), {"timeout": timeout})
+                    cur.execute(sqlfiles.render("messages_reindex", schema=self.schema))
             except pg_errors.LockNotAvailable:
                 return False
             except pg_errors.InsufficientPrivilege as exc:
@@ -228,7 +228,7 @@ class AdminQueries(Session):
 
     def listen_start(self) -> int:
         """Open (or reopen) this session, LISTEN on the schema's channel; returns the socket fd."""
-        query = sqlfiles.render("queries.sql", "listen_start", channel=self.channel)
+        query = sqlfiles.render("listen_start", channel=self.channel)
         with self._lock:
             conn = self.connection()
             try:
@@ -341,7 +341,7 @@ class AdminQueries(Session):
                 f"{type(conn).__qualname__}; with Django use the postgresql backend on psycopg 3 (Django 4.2+), "
                 "with SQLAlchemy a postgresql+psycopg:// URL"
             )
-        query = sqlfiles.render("queries.sql", name, schema=self.schema)
+        query = sqlfiles.render(name, schema=self.schema)
         params = {k: Jsonb(v.obj, dumps=kombu_json.dumps) if isinstance(v, Jsonb) else v for k, v in params.items()}
         try:
             with conn.cursor(row_factory=dict_row) as cur:

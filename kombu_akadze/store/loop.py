@@ -15,8 +15,8 @@ from psycopg import errors as pg_errors
 from psycopg import pq
 from psycopg.adapt import PyFormat, Transformer
 
-from kombu_akadze import sqlfiles
 from kombu_akadze.errors import DatabaseError
+from kombu_akadze.store import sqlfiles
 from kombu_akadze.store.records import ClaimedMessage, Tag, ack_claim_outcome, ack_claim_params
 from kombu_akadze.store.session import Session, is_transient, translate
 
@@ -78,7 +78,7 @@ class LoopClaims(Session):
             if self._in_flight is not None or self._landed is not None:
                 raise RuntimeError("message_ack_claim is already in flight on this session")
             conn = self.connection()
-            query, names = _positional(sqlfiles.render("queries.sql", "message_ack_claim", schema=self.schema))
+            query, names = _positional(sqlfiles.render("message_ack_claim", schema=self.schema))
             try:
                 values = Transformer(conn).dump_sequence([params[n] for n in names], [PyFormat.TEXT] * len(names))
                 pgconn = conn.pgconn

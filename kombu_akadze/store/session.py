@@ -17,8 +17,8 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from kombu_akadze import sqlfiles
 from kombu_akadze.errors import DatabaseError, SchemaNotAppliedError, TransientDatabaseError
+from kombu_akadze.store import sqlfiles
 from kombu_akadze.urls import mask_password
 
 if TYPE_CHECKING:
@@ -234,7 +234,7 @@ class Session:
     def _run(
         self, name: str, params: dict[str, Any] | None = None, *, fetch: bool = True, prepare: bool | None = None
     ) -> list[dict[str, Any]]:
-        query = sqlfiles.render("queries.sql", name, schema=self.schema)
+        query = sqlfiles.render(name, schema=self.schema)
         with self._lock:
             if self._in_flight is not None:
                 self._land_in_flight()

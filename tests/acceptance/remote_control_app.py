@@ -2,7 +2,7 @@
 
 Environment (besides the AKADZE_* variables of examples.tasks)
   AKADZE_CELERY_CONF   JSON object merged into the Celery configuration (control_queue_expires, ...)
-  AKADZE_MINGLE        "1": kombu_akadze.bootsteps.enable_mingle() (Celery's Mingle is off on akadze otherwise)
+  AKADZE_MINGLE        "1": kombu_akadze.integrations.bootsteps.enable_mingle() (Mingle is off on akadze otherwise)
 
 Clients: ``python -m tests.acceptance.remote_control_app MODE [FILE]`` prints one line, then runs until
 it is killed:
@@ -30,7 +30,7 @@ def configure(celery_app: Celery) -> Celery:
         raise TypeError(f"AKADZE_CELERY_CONF must be a JSON object, not {overrides!r}")
     celery_app.conf.update(overrides)
     if os.environ.get("AKADZE_MINGLE") == "1":
-        from kombu_akadze.bootsteps import enable_mingle
+        from kombu_akadze.integrations.bootsteps import enable_mingle
 
         enable_mingle()
     return celery_app

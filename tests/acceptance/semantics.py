@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 import psycopg
 from celery import Celery
 
-from kombu_akadze import sqlfiles
-from kombu_akadze.testing import eventually
+from kombu_akadze.integrations.testing import eventually
+from kombu_akadze.store import sqlfiles
 
 from . import semantics_app
 from .conftest import CELERY, ROOT, STOP_TIMEOUT, Cluster, Worker

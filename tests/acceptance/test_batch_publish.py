@@ -6,9 +6,9 @@ import time
 
 from celery import group
 
-import kombu_akadze.batch
+import kombu_akadze.integrations.batch
 from examples import tasks
-from kombu_akadze.testing import eventually
+from kombu_akadze.integrations.testing import eventually
 
 from .conftest import Cluster, Tally
 
@@ -19,7 +19,7 @@ def test_a_group_published_in_one_statement_runs_each_task_once(cluster: Cluster
     app = cluster.producer()
     record = app.signature(tasks.RECORD)
     t0 = time.monotonic()
-    with app.producer_or_acquire() as producer, kombu_akadze.batch.publishing(producer):
+    with app.producer_or_acquire() as producer, kombu_akadze.integrations.batch.publishing(producer):
         group(record.clone(args=(n,)) for n in range(N)).apply_async(producer=producer)
     batched = time.monotonic() - t0
     assert cluster.queue_rows() == N

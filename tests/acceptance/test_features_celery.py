@@ -10,7 +10,7 @@ from kombu import Exchange, Queue
 
 from examples import tasks
 from kombu_akadze.errors import QueueFullError
-from kombu_akadze.testing import eventually
+from kombu_akadze.integrations.testing import eventually
 
 from .conftest import Cluster, Tally
 

@@ -8,8 +8,8 @@ import psycopg
 import pytest
 
 from examples import tasks
-from kombu_akadze import outbox
-from kombu_akadze.testing import eventually
+from kombu_akadze.integrations import outbox
+from kombu_akadze.integrations.testing import eventually
 
 from .conftest import Cluster, Tally
 

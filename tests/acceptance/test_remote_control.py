@@ -32,7 +32,7 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from examples import tasks
-from kombu_akadze.testing import eventually, fresh_schema, store_for
+from kombu_akadze.integrations.testing import eventually, fresh_schema, store_for
 
 from .conftest import _WORKERS, CELERY, FAST_WORKER, ROOT, Cluster, Worker
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kombu_akadze.testing import eventually
+from kombu_akadze.integrations.testing import eventually
 
 from .semantics import EXHAUSTED, REJECTED, Semantics
 

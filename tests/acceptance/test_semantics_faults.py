@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from kombu_akadze.testing import eventually
+from kombu_akadze.integrations.testing import eventually
 
 from .semantics import FENCED, LEASE, Semantics, handover, seconds_since, settle
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kombu_akadze.testing import eventually
+from kombu_akadze.integrations.testing import eventually
 
 from .semantics import QUEUE, Semantics
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from celery import chain, chord, group
 
-from kombu_akadze.testing import eventually
+from kombu_akadze.integrations.testing import eventually
 
 from .semantics import EXHAUSTED, QUEUE, REJECTED, Semantics, settle
 

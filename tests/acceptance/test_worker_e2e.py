@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from examples import tasks
-from kombu_akadze.testing import eventually
+from kombu_akadze.integrations.testing import eventually
 
 from .conftest import FAST_WORKER, ROOT, Cluster, Tally, Worker
 
@@ -124,7 +124,7 @@ def test_broker_transport_setting_with_a_plain_postgresql_url_runs_a_worker(clus
     app = cluster.producer(**form)
     assert app.conf.broker_url.startswith("postgresql://")
     with app.connection_for_write() as conn:
-        assert type(conn.transport).__module__ == "kombu_akadze.transport"
+        assert type(conn.transport).__module__ == "kombu_akadze.transport.transport"
     worker = cluster.start_worker("a", concurrency=1, env=cluster.env(**form))
     for n in range(20):
         app.send_task(tasks.RECORD, args=[n])

@@ -15,8 +15,8 @@ import pytest
 from kombu import Exchange, Queue
 from kombu.exceptions import ChannelError
 
-from kombu_akadze.exchanges import topic_pattern
 from kombu_akadze.store import Store
+from kombu_akadze.transport.exchanges import topic_pattern
 
 
 def receive(conn: kombu.Connection, queue: Queue, n: int, timeout: float = 20.0) -> list[kombu.Message]:

@@ -16,9 +16,9 @@ from acceptance.conftest import _WORKERS, ROOT, Cluster, Worker
 from celery import Celery
 
 from examples import tasks
-from kombu_akadze import batch, migrate
 from kombu_akadze.errors import TransientDatabaseError
-from kombu_akadze.store import Store
+from kombu_akadze.integrations import batch
+from kombu_akadze.store import Store, migrate
 
 from .checker import VERDICTS, Ledgers, table
 from .jobs import TOUCH
@@ -90,7 +90,7 @@ class Faults:
     def publish_many(
         self, app: Celery, task: str, calls: Sequence[tuple[list[Any], dict[str, Any]]], *, chunk: int = 500
     ) -> None:
-        """send_task for every (args, kwargs), *chunk* messages per statement (kombu_akadze.batch)."""
+        """send_task for every (args, kwargs), *chunk* messages per statement (kombu_akadze.integrations.batch)."""
         with app.producer_or_acquire() as producer:
             for start in range(0, len(calls), chunk):
                 with batch.publishing(producer):

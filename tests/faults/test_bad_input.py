@@ -12,9 +12,8 @@ import kombu
 import pytest
 from celery import Celery
 
-from kombu_akadze import migrate
 from kombu_akadze.errors import DatabaseError, MessageTooLargeError
-from kombu_akadze.store import DeadLetterFilter, Store
+from kombu_akadze.store import DeadLetterFilter, Store, migrate
 
 from .checker import verdict
 from .conftest import SCHEMA, Faults

@@ -9,9 +9,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from kombu_akadze import migrate
-from kombu_akadze.store import NewMessage, Store
-from kombu_akadze.testing import eventually
+from kombu_akadze.integrations.testing import eventually
+from kombu_akadze.store import NewMessage, Store, migrate
 
 from .conftest import SCHEMA
 from .pgserver import PgServer

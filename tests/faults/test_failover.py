@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kombu_akadze import migrate
-from kombu_akadze.store import Store
+from kombu_akadze.store import Store, migrate
 
 from .checker import Ledgers, verdict
 from .conftest import SCHEMA, Faults, Stream, _faults

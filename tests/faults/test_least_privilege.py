@@ -11,10 +11,10 @@ import psycopg
 import pytest
 from kombu.exceptions import OperationalError as KombuOperationalError
 
-from kombu_akadze import compact, migrate, sqlfiles
-from kombu_akadze.compact import Compactor
 from kombu_akadze.errors import DatabaseError, PermissionDeniedError
-from kombu_akadze.store import DeadLetterFilter, Store
+from kombu_akadze.lease import compact
+from kombu_akadze.lease.compact import Compactor
+from kombu_akadze.store import DeadLetterFilter, Store, migrate, sqlfiles
 
 from .checker import verdict
 from .conftest import SCHEMA, Faults

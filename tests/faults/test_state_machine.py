@@ -16,10 +16,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
-from kombu_akadze import sqlfiles
 from kombu_akadze.errors import TransientDatabaseError
-from kombu_akadze.qos import REJECT_REASON
-from kombu_akadze.store import NewMessage, Store, Tag
+from kombu_akadze.store import NewMessage, Store, Tag, sqlfiles
+from kombu_akadze.transport.qos import REJECT_REASON
 
 from .checker import VERDICTS, Verdict
 

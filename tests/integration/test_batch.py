@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from kombu import Exchange, Queue
 
-from kombu_akadze import batch
+from kombu_akadze.integrations import batch
 from kombu_akadze.store import Store
 
 

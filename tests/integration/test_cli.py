@@ -16,9 +16,9 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from kombu_akadze.cli import akadze
+from kombu_akadze.integrations.testing import eventually
+from kombu_akadze.ops.cli.main import akadze
 from kombu_akadze.store import NewMessage, Store
-from kombu_akadze.testing import eventually
 
 OWNER = "consumer-a"
 AKADZE = Path(sys.executable).with_name("akadze")

@@ -8,10 +8,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from kombu_akadze import compact, sqlfiles
-from kombu_akadze.compact import Compactor
-from kombu_akadze.heartbeat import Heartbeat
-from kombu_akadze.store import NewMessage, Store
+from kombu_akadze.lease import compact
+from kombu_akadze.lease.compact import Compactor
+from kombu_akadze.lease.heartbeat import Heartbeat
+from kombu_akadze.store import NewMessage, Store, sqlfiles
 
 SQL = sqlfiles.parse_blocks(Path(__file__).with_name("inspect.sql").read_text())
 OWNER = "compact-test"

@@ -17,8 +17,8 @@ import pytest
 from celery import signals
 from celery.contrib.testing.worker import start_worker
 
+from kombu_akadze.integrations.testing import eventually
 from kombu_akadze.store import DeadLetterFilter, Store
-from kombu_akadze.testing import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:

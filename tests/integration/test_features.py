@@ -9,8 +9,8 @@ import pytest
 from kombu import Queue
 
 from kombu_akadze.errors import QueueFullError
+from kombu_akadze.integrations.testing import eventually
 from kombu_akadze.store import Store
-from kombu_akadze.testing import eventually
 
 
 def maintain(store: Store, now: datetime) -> dict[str, int]:

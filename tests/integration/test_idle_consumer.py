@@ -13,9 +13,8 @@ from typing import Any
 import kombu
 from kombu import Queue
 
-from kombu_akadze import sqlfiles
-from kombu_akadze.store import Store
-from kombu_akadze.testing import eventually
+from kombu_akadze.integrations.testing import eventually
+from kombu_akadze.store import Store, sqlfiles
 
 SQL = sqlfiles.parse_blocks(Path(__file__).with_name("inspect.sql").read_text())
 

@@ -10,9 +10,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from kombu_akadze import sqlfiles
 from kombu_akadze.errors import TransientDatabaseError
-from kombu_akadze.store import NewMessage, Store
+from kombu_akadze.store import NewMessage, Store, sqlfiles
 
 SQL = sqlfiles.parse_blocks(Path(__file__).with_name("inspect.sql").read_text())
 OWNER = "loop-consumer"

@@ -10,10 +10,9 @@ from pathlib import Path
 import kombu
 import pytest
 
-from kombu_akadze import migrate, sqlfiles
 from kombu_akadze.errors import SchemaNotAppliedError, SchemaTooNewError
-from kombu_akadze.store import connect
-from kombu_akadze.testing import drop_schema
+from kombu_akadze.integrations.testing import drop_schema
+from kombu_akadze.store import connect, migrate, sqlfiles
 
 SNAPSHOT = Path(__file__).with_name("schema_snapshot.txt")
 SQL = sqlfiles.parse_blocks(Path(__file__).with_name("inspect.sql").read_text())

@@ -21,10 +21,10 @@ import kombu
 import pytest
 from click.testing import CliRunner
 
-from kombu_akadze import rabbitmq, stats
-from kombu_akadze.cli import akadze
+from kombu_akadze.integrations.testing import eventually
+from kombu_akadze.ops import rabbitmq, stats
+from kombu_akadze.ops.cli.main import akadze
 from kombu_akadze.store import Store
-from kombu_akadze.testing import eventually
 
 AMQP_URL = os.environ.get("AKADZE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 AKADZE = Path(sys.executable).with_name("akadze")

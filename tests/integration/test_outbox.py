@@ -15,9 +15,9 @@ import pytest
 from celery import Celery, group
 from kombu import Exchange, Queue
 
-from kombu_akadze import outbox
+from kombu_akadze.integrations import outbox
+from kombu_akadze.integrations.testing import eventually, store_for
 from kombu_akadze.store import NewMessage, Store
-from kombu_akadze.testing import eventually, store_for
 
 ADD = "outbox_test.add"
 

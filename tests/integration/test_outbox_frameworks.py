@@ -44,7 +44,7 @@ def test_sqlalchemy_session_commit_keeps_rollback_and_nested_rollback_drop(
 ) -> None:
     from sqlalchemy.orm import Session
 
-    from kombu_akadze import sqlalchemy as akadze_sa
+    from kombu_akadze.integrations import sqlalchemy as akadze_sa
 
     with Session(engine) as session:
         akadze_sa.enqueue(session, app.tasks[ADD], (1, 1))
@@ -62,7 +62,7 @@ def test_sqlalchemy_session_commit_keeps_rollback_and_nested_rollback_drop(
 
 
 def test_sqlalchemy_connection_in_engine_begin(engine: Any, app: Celery, store: Store) -> None:
-    from kombu_akadze import sqlalchemy as akadze_sa
+    from kombu_akadze.integrations import sqlalchemy as akadze_sa
 
     with engine.begin() as connection:
         akadze_sa.enqueue(connection, ADD, (1, 2), app=app)
@@ -73,7 +73,7 @@ def test_sqlalchemy_connection_in_engine_begin(engine: Any, app: Celery, store: 
 def test_sqlalchemy_needs_the_psycopg_3_dialect(pg_url: str, app: Celery) -> None:
     sqlalchemy = pytest.importorskip("sqlalchemy")
     pytest.importorskip("psycopg2")
-    from kombu_akadze import sqlalchemy as akadze_sa
+    from kombu_akadze.integrations import sqlalchemy as akadze_sa
 
     engine = sqlalchemy.create_engine(pg_url.replace("postgresql://", "postgresql+psycopg2://", 1))
     with engine.connect() as connection, pytest.raises(ConfigurationError, match=r"postgresql\+psycopg://"):
@@ -118,7 +118,7 @@ def test_django_atomic_commit_keeps_rollback_and_savepoint_rollback_drop(
 ) -> None:
     from django.db import transaction
 
-    from kombu_akadze import django as akadze_django
+    from kombu_akadze.integrations import django as akadze_django
 
     with pytest.raises(RuntimeError), transaction.atomic():
         rolled_back(akadze_django, app, (1, 1))
@@ -139,7 +139,7 @@ def rolled_back(akadze_django: Any, app: Celery, args: tuple[int, int]) -> None:
 
 
 def test_django_outside_atomic_autocommits_like_a_plain_publish(django_db: Any, app: Celery, store: Store) -> None:
-    from kombu_akadze import django as akadze_django
+    from kombu_akadze.integrations import django as akadze_django
 
     akadze_django.enqueue(ADD, (5, 5), app=app)
     assert store.message_counts() == {("celery", "ready"): 1}

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kombu_akadze import sqlfiles
+from kombu_akadze.store import sqlfiles
 
 SQL = sqlfiles.parse_blocks(Path(__file__).with_name("inspect.sql").read_text())
 

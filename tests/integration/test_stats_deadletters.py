@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from kombu_akadze import deadletters, metrics, stats
 from kombu_akadze.errors import ConfigurationError
+from kombu_akadze.integrations.testing import eventually
+from kombu_akadze.ops import deadletters, metrics, stats
 from kombu_akadze.store import NewMessage, Store
-from kombu_akadze.testing import eventually
 
 OWNER = "consumer-a"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from kombu_akadze import rescue, sqlfiles
-from kombu_akadze.store import NewMessage, Store
+from kombu_akadze.lease import rescue
+from kombu_akadze.store import NewMessage, Store, sqlfiles
 
 OWNER = "consumer-a"
 SQL = sqlfiles.parse_blocks(Path(__file__).with_name("inspect.sql").read_text())

@@ -13,8 +13,8 @@ import kombu
 import pytest
 from kombu import Exchange, Queue
 
+from kombu_akadze.integrations.testing import eventually
 from kombu_akadze.store import Store
-from kombu_akadze.testing import eventually
 from kombu_akadze.transport import Transport
 
 

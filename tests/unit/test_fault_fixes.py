@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from kombu.exceptions import ConnectionError as KombuConnectionError
 
-from kombu_akadze.channel import Channel, _storable_headers
+from kombu_akadze.consume.events import HubDriver, Listener, Waker
 from kombu_akadze.errors import TransientDatabaseError
-from kombu_akadze.events import HubDriver, Listener, Waker
 from kombu_akadze.store import notify_channel
+from kombu_akadze.transport.channel import Channel, _storable_headers
 
 
 @pytest.mark.parametrize("schema", ["akadze", "é" * 48, "q" * 48, "队列" * 24, "🐘" * 48])

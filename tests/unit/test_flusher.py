@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from kombu_akadze.flusher import DelayedFlush
-from kombu_akadze.testing import eventually
+from kombu_akadze.consume.flusher import DelayedFlush
+from kombu_akadze.integrations.testing import eventually
 
 
 def test_arming_calls_the_flush_once_after_the_delay_on_another_thread() -> None:

@@ -6,13 +6,13 @@ import logging
 
 import pytest
 
-from kombu_akadze import compact, sqlfiles
-from kombu_akadze.delivery import rotate as _rotate
-from kombu_akadze.delivery import split_slots as _split_slots
 from kombu_akadze.errors import ConfigurationError
+from kombu_akadze.lease import compact
 from kombu_akadze.options import Options
-from kombu_akadze.qos import make_tag, parse_tag
-from kombu_akadze.store import TableSize
+from kombu_akadze.store import TableSize, sqlfiles
+from kombu_akadze.transport.delivery import rotate as _rotate
+from kombu_akadze.transport.delivery import split_slots as _split_slots
+from kombu_akadze.transport.qos import make_tag, parse_tag
 from kombu_akadze.urls import is_embedded, mask_password, to_dsn
 
 
@@ -100,10 +100,8 @@ def test_rotation_starts_each_round_at_the_next_queue() -> None:
 
 
 def test_every_named_query_has_a_comment_and_migrations_are_numbered() -> None:
-    text = (sqlfiles.blocks("queries.sql"), sqlfiles.blocks("migrate.sql"))
-    for blocks in text:
-        for name, body in blocks.items():
-            assert body.startswith("--"), f"query {name} has no one-line comment"
+    for name, body in sqlfiles.all_blocks().items():
+        assert body.startswith("--"), f"query {name} has no one-line comment"
     assert [m.version for m in sqlfiles.migrations()] == list(range(1, len(sqlfiles.migrations()) + 1))
 
 
@@ -116,7 +114,7 @@ def test_identifiers_are_quoted_as_data() -> None:
 def test_a_rescue_that_only_forgot_silent_consumers_is_info_not_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     """A `celery inspect` that exits without closing its connection leaves a consumer row that holds nothing:
     forgetting it is routine; messages moved by a rescue are still a warning."""
-    from kombu_akadze import rescue
+    from kombu_akadze.lease import rescue
 
     quiet = dict.fromkeys(("requeued", "dead", "consumers_gone", "queues", "dropped", "expired", "buried"), 0)
     with caplog.at_level(logging.INFO, logger="kombu_akadze"):

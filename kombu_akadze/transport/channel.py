@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 from kombu.exceptions import ConnectionError as KombuConnectionError
 from kombu.transport import virtual
 
-from kombu_akadze.delivery import payload_of
 from kombu_akadze.errors import MessageTooLargeError, QueueFullError
-from kombu_akadze.exchanges import ExchangeMixin, milliseconds
-from kombu_akadze.qos import QoS, parse_tag
 from kombu_akadze.store import NewMessage, Store
+from kombu_akadze.transport.delivery import payload_of
+from kombu_akadze.transport.exchanges import ExchangeMixin, milliseconds
+from kombu_akadze.transport.qos import QoS, parse_tag
 
 if TYPE_CHECKING:
     from kombu_akadze.transport import Transport
@@ -39,7 +39,7 @@ class Channel(ExchangeMixin, virtual.Channel):
 
     # -- publish ------------------------------------------------------------
 
-    #: Publishes buffered by kombu_akadze.batch.publishing(), written as one statement at its end.
+    #: Publishes buffered by kombu_akadze.integrations.batch.publishing(), written as one statement at its end.
     _batch: list[tuple[str, str, NewMessage]] | None = None
 
     def basic_publish(self, message: dict[str, Any], exchange: str, routing_key: str, **kwargs: Any) -> None:

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kombu_akadze.errors import AkadzeError
-from kombu_akadze.qos import make_tag
 from kombu_akadze.store import ClaimedMessage, Store
+from kombu_akadze.transport.qos import make_tag
 
 logger = logging.getLogger("kombu_akadze")
 

@@ -9,10 +9,9 @@ from typing import Any
 
 import psycopg
 
-from kombu_akadze import sqlfiles
 from kombu_akadze.errors import SchemaNotAppliedError, SchemaTooNewError
-from kombu_akadze.sqlfiles import Migration
-from kombu_akadze.store import connect, translate
+from kombu_akadze.store import connect, sqlfiles, translate
+from kombu_akadze.store.sqlfiles import Migration
 from kombu_akadze.urls import mask_password
 
 logger = logging.getLogger("kombu_akadze")
@@ -34,7 +33,7 @@ class Status:
 
 
 def _sql(name: str, schema: str) -> str:
-    return sqlfiles.render("migrate.sql", name, schema=schema)
+    return sqlfiles.render(name, schema=schema)
 
 
 def _current(conn: psycopg.Connection[Any], schema: str) -> int:

@@ -9,8 +9,8 @@ import importlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kombu_akadze import outbox
 from kombu_akadze.errors import ConfigurationError
+from kombu_akadze.integrations import outbox
 
 
 def enqueue(
@@ -20,7 +20,7 @@ def enqueue(
     kwargs: Mapping[str, Any] | None = None,
     **options: Any,
 ) -> Any:
-    """:func:`kombu_akadze.outbox.enqueue` in the transaction of *bind* (a Session or a Connection).
+    """:func:`kombu_akadze.integrations.outbox.enqueue` in the transaction of *bind* (a Session or a Connection).
 
     A Session begins its transaction if it has none yet; the message commits with ``session.commit()``
     and is gone with ``session.rollback()`` or a rolled-back ``begin_nested()``.
@@ -36,13 +36,13 @@ def raw_connection(bind: Any) -> Any:
         bind = bind.connection()
     if not isinstance(bind, engine.Connection):
         raise TypeError(
-            f"kombu_akadze.sqlalchemy.enqueue needs a Session or a Connection, not {type(bind).__name__} "
+            f"kombu_akadze.integrations.sqlalchemy.enqueue needs a Session or a Connection, not {type(bind).__name__} "
             "(an Engine has no transaction of yours: use `with engine.begin() as conn:`)"
         )
     driver = bind.dialect.driver
     if bind.dialect.name != "postgresql" or driver != "psycopg":
         raise ConfigurationError(
-            f"kombu_akadze.sqlalchemy.enqueue needs the postgresql+psycopg dialect (psycopg 3), not "
+            f"kombu_akadze.integrations.sqlalchemy.enqueue needs the postgresql+psycopg dialect (psycopg 3), not "
             f"{bind.dialect.name}+{driver}: use a postgresql+psycopg:// URL"
         )
     return bind.connection.driver_connection

@@ -9,8 +9,8 @@ import importlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kombu_akadze import outbox
 from kombu_akadze.errors import ConfigurationError
+from kombu_akadze.integrations import outbox
 
 
 def enqueue(
@@ -21,7 +21,7 @@ def enqueue(
     using: str = "default",
     **options: Any,
 ) -> Any:
-    """:func:`kombu_akadze.outbox.enqueue` on Django's connection *using*; returns Celery's AsyncResult.
+    """:func:`kombu_akadze.integrations.outbox.enqueue` on Django's connection *using*; returns Celery's AsyncResult.
 
     Inside ``transaction.atomic()`` the message commits with your rows, and a rolled-back atomic
     block (or savepoint) leaves none. Outside one, Django's autocommit stores it at once.
@@ -36,7 +36,7 @@ def raw_connection(using: str = "default") -> Any:
     wrapper = db.connections[using]
     if wrapper.vendor != "postgresql":
         raise ConfigurationError(
-            f"kombu_akadze.django.enqueue: database {using!r} is {wrapper.vendor}, not PostgreSQL; "
+            f"kombu_akadze.integrations.django.enqueue: database {using!r} is {wrapper.vendor}, not PostgreSQL; "
             "transactional enqueue needs the queue in the same database as your rows"
         )
     wrapper.ensure_connection()

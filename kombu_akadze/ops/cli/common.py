@@ -11,8 +11,9 @@ from typing import Any, TypeVar
 
 import click
 
-from kombu_akadze import embedded, stats
+from kombu_akadze import embedded
 from kombu_akadze.errors import AkadzeError
+from kombu_akadze.ops import stats
 from kombu_akadze.store import Store
 from kombu_akadze.urls import is_embedded, mask_password, to_dsn
 

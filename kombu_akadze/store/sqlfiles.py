@@ -1,4 +1,4 @@
-"""Loads the named SQL blocks of kombu_akadze/sql/*.sql once, and the numbered migrations."""
+"""Loads the named SQL blocks of store/sql/*.sql once (names unique across files), and the numbered migrations."""
 
 from __future__ import annotations
 
@@ -27,9 +27,23 @@ def quote_ident(name: str) -> str:
 
 @cache
 def blocks(filename: str) -> dict[str, str]:
-    """Every ``-- name: x`` block of one file under sql/, keyed by name."""
-    text = resources.files("kombu_akadze").joinpath("sql", filename).read_text(encoding="utf-8")
+    """Every ``-- name: x`` block of one file under store/sql/, keyed by name."""
+    text = resources.files("kombu_akadze.store").joinpath("sql", filename).read_text(encoding="utf-8")
     return parse_blocks(text, filename)
+
+
+@cache
+def all_blocks() -> dict[str, str]:
+    """Every named block of every file under store/sql/ (split by subject), keyed by name."""
+    found: dict[str, str] = {}
+    folder = resources.files("kombu_akadze.store").joinpath("sql")
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".sql"):
+            for name, body in blocks(entry.name).items():
+                if name in found:
+                    raise RuntimeError(f"duplicate SQL block {name!r} in {entry.name}")
+                found[name] = body
+    return found
 
 
 def parse_blocks(text: str, filename: str = "<sql>") -> dict[str, str]:
@@ -45,9 +59,9 @@ def parse_blocks(text: str, filename: str = "<sql>") -> dict[str, str]:
     return found
 
 
-def render(filename: str, name: str, **identifiers: str) -> str:
-    """Block *name* of *filename* with each ``{identifier}`` replaced by its quoted value."""
-    text = blocks(filename)[name]
+def render(name: str, **identifiers: str) -> str:
+    """Block *name* (of whichever file under store/sql/ holds it) with each ``{identifier}`` quoted."""
+    text = all_blocks()[name]
     for key, value in identifiers.items():
         text = text.replace("{" + key + "}", quote_ident(value))
     return text
@@ -56,7 +70,7 @@ def render(filename: str, name: str, **identifiers: str) -> str:
 @cache
 def migrations() -> tuple[Migration, ...]:
     """All migrations shipped with this package, oldest first."""
-    folder = resources.files("kombu_akadze").joinpath("sql", "migrations")
+    folder = resources.files("kombu_akadze.store").joinpath("sql", "migrations")
     found = []
     for entry in folder.iterdir():
         match = _MIGRATION.match(entry.name)

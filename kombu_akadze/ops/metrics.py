@@ -6,8 +6,8 @@ import logging
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING
 
-from kombu_akadze import stats
 from kombu_akadze.errors import AkadzeError
+from kombu_akadze.ops import stats
 
 if TYPE_CHECKING:
     from kombu_akadze.store import StatsSnapshot, Store

@@ -13,7 +13,7 @@ from kombu_akadze.errors import AkadzeError, TransientDatabaseError
 from kombu_akadze.store import Tag
 
 if TYPE_CHECKING:
-    from kombu_akadze.channel import Channel
+    from kombu_akadze.transport.channel import Channel
 
 logger = logging.getLogger("kombu_akadze")
 

@@ -71,19 +71,19 @@ from kombu.exceptions import ConnectionError as KombuConnectionError
 from kombu.transport import virtual
 from kombu.utils.objects import cached_property
 
-from kombu_akadze import embedded, migrate
-from kombu_akadze.channel import Channel
-from kombu_akadze.compact import Compactor
-from kombu_akadze.delivery import Deliverer, Round, buffer_of
+from kombu_akadze import embedded
+from kombu_akadze.consume.events import HubDriver, Listener, Waker, jittered
+from kombu_akadze.consume.flusher import DelayedFlush
 from kombu_akadze.errors import AkadzeError, TransientDatabaseError
-from kombu_akadze.events import HubDriver, Listener, Waker, jittered
-from kombu_akadze.flusher import DelayedFlush
-from kombu_akadze.heartbeat import Heartbeat
+from kombu_akadze.lease.compact import Compactor
+from kombu_akadze.lease.heartbeat import Heartbeat
+from kombu_akadze.lease.vacuum import Vacuumer
 from kombu_akadze.options import Options
-from kombu_akadze.qos import QoS, parse_tag
-from kombu_akadze.store import DRIVER_VERSION, ClaimedMessage, Store
+from kombu_akadze.store import DRIVER_VERSION, ClaimedMessage, Store, migrate
+from kombu_akadze.transport.channel import Channel
+from kombu_akadze.transport.delivery import Deliverer, Round, buffer_of
+from kombu_akadze.transport.qos import QoS, parse_tag
 from kombu_akadze.urls import is_embedded, mask_password, to_dsn
-from kombu_akadze.vacuum import Vacuumer
 
 logger = logging.getLogger("kombu_akadze")
 

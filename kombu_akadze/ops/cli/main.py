@@ -10,8 +10,10 @@ from typing import Any, TypeVar
 
 import click
 
-from kombu_akadze import compact, deadletters, metrics, migrate, rabbitmq, stats
-from kombu_akadze.cli_common import (
+from kombu_akadze.errors import AkadzeError
+from kombu_akadze.lease import compact
+from kombu_akadze.ops import deadletters, metrics, rabbitmq, stats
+from kombu_akadze.ops.cli.common import (
     CommandError,
     db_options,
     dsn_of,
@@ -23,8 +25,8 @@ from kombu_akadze.cli_common import (
     ttl_option,
     url_option,
 )
-from kombu_akadze.cli_dead import dead
-from kombu_akadze.errors import AkadzeError
+from kombu_akadze.ops.cli.dead import dead
+from kombu_akadze.store import migrate
 from kombu_akadze.urls import mask_password
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -7,11 +7,11 @@ import threading
 import time
 from collections.abc import Callable, Collection
 
-from kombu_akadze import rescue
-from kombu_akadze.compact import Compactor
 from kombu_akadze.errors import AkadzeError
+from kombu_akadze.lease import rescue
+from kombu_akadze.lease.compact import Compactor
+from kombu_akadze.lease.vacuum import Vacuumer
 from kombu_akadze.store import Store
-from kombu_akadze.vacuum import Vacuumer
 
 logger = logging.getLogger("kombu_akadze")
 

@@ -11,10 +11,10 @@ from amqp.protocol import queue_declare_ok_t
 from kombu.connection import Connection
 from kombu.transport import virtual
 
-from kombu_akadze.channel import Channel
 from kombu_akadze.errors import QueueFullError
 from kombu_akadze.options import Options
 from kombu_akadze.store import NewMessage, Store
+from kombu_akadze.transport.channel import Channel
 
 if TYPE_CHECKING:
     import psycopg

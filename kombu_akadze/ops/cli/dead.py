@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from kombu_akadze import deadletters, stats
-from kombu_akadze.cli_common import CommandError, F, db_options, duration, emit, friendly, open_store, short
+from kombu_akadze.ops import deadletters, stats
+from kombu_akadze.ops.cli.common import CommandError, F, db_options, duration, emit, friendly, open_store, short
 from kombu_akadze.store import DeadLetterFilter
 
 

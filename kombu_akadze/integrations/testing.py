@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
-from kombu_akadze import embedded, migrate
-from kombu_akadze.store import Store
+from kombu_akadze import embedded
+from kombu_akadze.store import Store, migrate
 
 T = TypeVar("T")
 

@@ -28,7 +28,7 @@ def publishing(target: Any) -> Iterator[None]:
 
     For a Celery fan-out::
 
-        with app.producer_or_acquire() as producer, kombu_akadze.batch.publishing(producer):
+        with app.producer_or_acquire() as producer, kombu_akadze.integrations.batch.publishing(producer):
             group(task.s(i) for i in range(1000)).apply_async(producer=producer)
 
     Queue caps (x-max-length with reject-publish) are not checked for batched messages.

@@ -1,0 +1,1 @@
+"""Keeping leases alive and the queue table healthy: heartbeat, maintenance passes, compaction, vacuum."""

@@ -1,0 +1,1 @@
+"""Operating a broker: the ``akadze`` CLI, stats, metrics, dead letters and moving queues off RabbitMQ."""
