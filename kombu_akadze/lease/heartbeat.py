@@ -1,4 +1,5 @@
-"""The thread that keeps one consuming connection's leases alive (and runs rescue); it logs, never raises."""
+"""The thread that keeps one consuming connection's leases alive, and runs the fleet's maintenance while it is
+the elected consumer; it logs, never raises."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 from collections.abc import Callable, Collection
 
 from kombu_akadze.errors import AkadzeError
-from kombu_akadze.lease import rescue
+from kombu_akadze.lease import maintenance
 from kombu_akadze.lease.compact import Compactor
 from kombu_akadze.lease.vacuum import Vacuumer
 from kombu_akadze.store import Store
@@ -52,7 +53,12 @@ class Heartbeat:
         self.compactor = compactor
         self.vacuumer = vacuumer
         self.beats = 0
+        #: Maintenance passes this heartbeat ran (every consumer reconciles its own rows; the leader
+        #: also runs the fleet's passes), and how many as the leader.
         self.rescues = 0
+        self.led = 0
+        #: Whether the last beat found this consumer the elected one (oldest alive).
+        self.leader = False
         self.last_ok = 0.0
         self._stop = threading.Event()
         self._changed = threading.Condition()
@@ -88,57 +94,71 @@ class Heartbeat:
 
     def beat(self, *, raise_errors: bool = False) -> bool:
         try:
-            self.store.consumer_heartbeat(
-                consumer_id=self.consumer_id, hostname=self.hostname, pid=self.pid, queues=self.queues()
+            self.leader = self.store.consumer_heartbeat(
+                consumer_id=self.consumer_id, hostname=self.hostname, pid=self.pid, queues=self.queues(), ttl=self.ttl
             )
         except AkadzeError as exc:
             if raise_errors:
                 raise
             logger.warning("kombu-akadze heartbeat of %s failed, will retry: %s", self.consumer_id, exc)
             return False
-        self.last_ok = time.monotonic()
-        with self._changed:
-            self.beats += 1
-            self._changed.notify_all()
-        if self.on_beat is not None:
-            self.on_beat()
+        self._beat_landed(rescue=False)
         return True
 
     def maintain(self) -> bool:
-        """Heartbeat, rescue, queue expiry, message TTL and the reconcile of this consumer's own held rows
-        with what the transport tracks, in one statement (see consumer_maintain)."""
+        """One transaction: the heartbeat; the reconcile of this consumer's own held rows with what the
+        transport tracks; and, while this consumer is the elected one, the fleet's maintenance passes
+        (see lease.maintenance). Every other consumer's periodic cost is the heartbeat and one lookup
+        of its own held rows on messages_held_idx."""
         tracked = self.tracked()
+        store = self.store
+        counts: dict[str, int] | None = None
+        unstranded = 0
         try:
-            result = self.store.consumer_maintain(
-                consumer_id=self.consumer_id,
-                hostname=self.hostname,
-                pid=self.pid,
-                queues=self.queues(),
-                ttl=self.ttl,
-                max_attempts=self.max_attempts,
-                tracked=tracked,
-                orphans=self._orphans,
-            )
+            with store.transaction():
+                self.leader = store.consumer_heartbeat(
+                    consumer_id=self.consumer_id,
+                    hostname=self.hostname,
+                    pid=self.pid,
+                    queues=self.queues(),
+                    ttl=self.ttl,
+                )
+                if tracked is not None:
+                    unstranded = self._reconcile(tracked)
+                if self.leader:
+                    counts = maintenance.run_once(
+                        store, ttl=self.ttl, max_attempts=self.max_attempts, consumer_id=self.consumer_id
+                    )
         except AkadzeError as exc:
-            logger.warning("kombu-akadze heartbeat/rescue of %s failed, will retry: %s", self.consumer_id, exc)
+            logger.warning("kombu-akadze heartbeat/maintenance of %s failed, will retry: %s", self.consumer_id, exc)
             return False
-        self.last_ok = time.monotonic()
-        counts = result.counts
-        if tracked is not None:
-            # Released only when seen untracked at two passes in a row: a message moving between the
-            # transport's buffers as the ids were read is never mistaken for one nobody holds.
-            self._orphans = result.orphans
-        self.unstranded += counts["unstranded"]
-        rescue.report(counts, ttl=self.ttl)
-        if self.vacuumer is not None:
+        self.unstranded += unstranded
+        maintenance.report_unstranded(unstranded, ttl=self.ttl)
+        if counts is not None and self.vacuumer is not None:
             self.vacuumer.offer(counts.get("unvacuumed", 0))
+        self._beat_landed(rescue=True)
+        return True
+
+    def _reconcile(self, tracked: Collection[int]) -> int:
+        """Rows held under our id for over ttl that the transport does not hold go back to ready, attempt
+        given back, once seen so at two passes in a row: a message moving between the transport's
+        buffers as the ids were read is never mistaken for one nobody holds."""
+        seen = self.store.lease_orphans(consumer_id=self.consumer_id, tracked=tracked, ttl=self.ttl)
+        again = [(i, rc) for i, rc in seen.items() if self._orphans.get(i) == rc]
+        released = self.store.message_release(again, owner=self.consumer_id) if again else set()
+        self._orphans = {i: rc for i, rc in seen.items() if i not in released}
+        return len(released)
+
+    def _beat_landed(self, *, rescue: bool) -> None:
+        self.last_ok = time.monotonic()
         with self._changed:
             self.beats += 1
-            self.rescues += 1
+            if rescue:
+                self.rescues += 1
+                self.led += self.leader
             self._changed.notify_all()
         if self.on_beat is not None:
             self.on_beat()
-        return True
 
     def wait_for(self, predicate: Callable[[Heartbeat], bool], timeout: float) -> bool:
         """Block until *predicate(self)* holds (tests wait on beats and rescues, never sleep)."""
@@ -150,7 +170,8 @@ class Heartbeat:
         return 0.0 if self.last_ok == 0 else time.monotonic() - self.last_ok
 
     def compact(self) -> None:
-        """The compaction check (see compact.py), on this session right after a beat; logs, never raises."""
+        """The compaction check (see compact.py), on the elected consumer's session right after a beat; logs,
+        never raises."""
         if self.compactor is None:
             return
         try:
@@ -171,7 +192,7 @@ class Heartbeat:
                 next_rescue = now + self.rescue_interval
             else:
                 ok = self.beat()
-            if ok and self.compactor is not None and now >= next_compact:
+            if ok and self.leader and self.compactor is not None and now >= next_compact:
                 self.compact()
                 next_compact = time.monotonic() + self.compactor.interval
             failures = 0 if ok else failures + 1

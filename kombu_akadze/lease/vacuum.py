@@ -18,7 +18,7 @@ THRESHOLD = 5_000
 
 class Vacuumer:
     """Runs VACUUM on its own session and thread, one at a time, when the maintenance pass reports
-    enough dead rows that nothing else will vacuum (see consumer_maintain's ``unvacuumed``).
+    enough dead rows that nothing else will vacuum (see the messages_unvacuumed pass).
 
     Why its own thread: a VACUUM of a big table takes longer than a heartbeat interval, and the
     heartbeat must not wait for it. Why at all: every message leaves two dead rows (claim, ack);

@@ -1,21 +1,22 @@
 """The only package that runs SQL at run time: one method per named query, psycopg errors translated here.
 
 ``Store`` is one session and every named query, grouped by what they touch: the session itself
-(session.py), the messages table (messages.py), the event loop's non-blocking claim (loop.py), and
-consumers, queues, exchanges and operations (admin.py); records.py holds what they take and return.
+(session.py), the messages table (messages.py), the event loop's non-blocking claim (loop.py), the
+heartbeat and maintenance passes (maintenance.py), and queues, exchanges and operations
+(admin.py); records.py holds what they take and return.
 """
 
 from __future__ import annotations
 
 from kombu_akadze.store.admin import AdminQueries
 from kombu_akadze.store.loop import LoopClaims
+from kombu_akadze.store.maintenance import MaintenanceQueries
 from kombu_akadze.store.messages import MessageQueries
 from kombu_akadze.store.records import (
     ClaimedMessage,
     DeadLetter,
     DeadLetterFilter,
     DeadLetterSummary,
-    Maintenance,
     NewMessage,
     Outcome,
     QueueStats,
@@ -35,7 +36,7 @@ from kombu_akadze.store.session import (
 )
 
 
-class Store(MessageQueries, LoopClaims, AdminQueries):
+class Store(MessageQueries, LoopClaims, MaintenanceQueries, AdminQueries):
     """One database session (autocommit) and the named queries that run on it. Thread-safe."""
 
 
@@ -46,7 +47,6 @@ __all__ = [
     "DeadLetter",
     "DeadLetterFilter",
     "DeadLetterSummary",
-    "Maintenance",
     "NewMessage",
     "Outcome",
     "QueueStats",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -18,7 +18,6 @@ from kombu_akadze.store.records import (
     DeadLetter,
     DeadLetterFilter,
     DeadLetterSummary,
-    Maintenance,
     NewMessage,
     QueueStats,
     ReplayResult,
@@ -30,61 +29,6 @@ from kombu_akadze.urls import mask_password
 
 
 class AdminQueries(Session):
-    # -- consumers ----------------------------------------------------------
-
-    def consumer_heartbeat(
-        self,
-        *,
-        consumer_id: str,
-        hostname: str,
-        pid: int,
-        queues: Sequence[str] = (),
-        now: datetime | None = None,
-    ) -> None:
-        self._run(
-            "consumer_heartbeat",
-            {"id": consumer_id, "hostname": hostname, "pid": pid, "queues": list(queues), "now": now},
-        )
-
-    def consumer_maintain(
-        self,
-        *,
-        consumer_id: str,
-        hostname: str,
-        pid: int,
-        queues: Sequence[str],
-        ttl: float,
-        max_attempts: int,
-        tracked: Collection[int] | None = None,
-        orphans: Mapping[int, int] | None = None,
-        now: datetime | None = None,
-    ) -> Maintenance:
-        """Heartbeat + rescue + queue expiry + message TTL + reconcile in one statement: counts of what
-        it did, and this consumer's orphans. *tracked* None skips the reconcile; *orphans* (the previous
-        pass's, less those tracked since) go back to ready while still held in that run."""
-        release = dict(orphans or {}) if tracked is not None else {}
-        rows = self._run(
-            "consumer_maintain",
-            {
-                "id": consumer_id,
-                "hostname": hostname,
-                "pid": pid,
-                "queues": list(queues),
-                "ttl": float(ttl),
-                "max_attempts": max_attempts,
-                "exhausted_reason": "max_attempts exceeded",
-                "tracked": None if tracked is None else sorted(tracked),
-                "orphan_ids": list(release),
-                "orphan_run_counts": list(release.values()),
-                "now": now,
-                "channel": self.channel,
-                "schema": self.schema,
-            },
-        )
-        row = dict(rows[0])
-        seen = dict(zip(row.pop("orphan_ids"), row.pop("orphan_run_counts"), strict=True))
-        return Maintenance(counts={k: int(v) for k, v in row.items()}, orphans=seen)
-
     def messages_size(self) -> TableSize:
         rows = self._run("messages_size", {"schema": self.schema})
         if not rows:
@@ -120,11 +64,6 @@ class AdminQueries(Session):
                     self._drop()
                 raise translate(exc, "messages_reindex", self.schema) from exc
         return True
-
-    def consumer_delete(self, *, consumer_id: str) -> None:
-        self._run("consumer_delete", {"id": consumer_id}, fetch=False)
-
-    # -- queues -------------------------------------------------------------
 
     def queue_declare(
         self,
@@ -162,11 +101,6 @@ class AdminQueries(Session):
 
     def queue_touch(self, *, queues: Sequence[str], now: datetime | None = None) -> None:
         self._run("queue_touch", {"queues": list(queues), "now": now}, fetch=False)
-
-    def queue_expire(self, *, ttl: float, now: datetime | None = None) -> dict[str, int]:
-        """Queue expiry, auto_delete of abandoned queues, message TTL; counts of what went."""
-        rows = self._run("queue_expire", {"ttl": float(ttl), "now": now})
-        return {k: int(v) for k, v in rows[0].items()}
 
     def queue_exists(self, *, name: str) -> bool:
         return bool(self._run("queue_exists", {"name": name})[0]["present"])

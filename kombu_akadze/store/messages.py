@@ -9,6 +9,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from kombu_akadze.store.records import (
+    EXHAUSTED,
     ClaimedMessage,
     NewMessage,
     Outcome,
@@ -131,7 +132,7 @@ class MessageQueries(Session):
                 "run_counts": run_counts,
                 "owner": owner,
                 "max_attempts": max_attempts,
-                "exhausted_reason": "max_attempts exceeded",
+                "exhausted_reason": EXHAUSTED,
                 "channel": self.channel,
             },
         )
@@ -143,19 +144,6 @@ class MessageQueries(Session):
             return set()
         rows = self._run(name, {"ids": ids, "run_counts": run_counts, **extra})
         return {int(r["id"]) for r in rows}
-
-    def lease_rescue(self, *, ttl: float, max_attempts: int, now: datetime | None = None) -> Outcome:
-        rows = self._run(
-            "lease_rescue",
-            {
-                "ttl": float(ttl),
-                "max_attempts": max_attempts,
-                "exhausted_reason": "max_attempts exceeded",
-                "now": now,
-                "channel": self.channel,
-            },
-        )
-        return requeue_outcome(rows)
 
     def message_get(self, message_id: int) -> dict[str, Any] | None:
         rows = self._run("message_get", {"id": message_id})

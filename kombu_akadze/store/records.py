@@ -38,13 +38,8 @@ class Outcome:
     consumers_gone: int = 0
 
 
-@dataclass(frozen=True)
-class Maintenance:
-    """What one consumer_maintain pass did (counts by kind), and the orphans it saw: rows held under
-    the consumer's id that the transport did not track, id -> run_count (released if seen again)."""
-
-    counts: dict[str, int]
-    orphans: dict[int, int]
+#: The reason a rescued or requeued message whose attempts are used up carries into dead letters.
+EXHAUSTED = "max_attempts exceeded"
 
 
 @dataclass(frozen=True)

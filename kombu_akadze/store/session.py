@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -212,6 +212,22 @@ class Session:
         if conn is not None:
             with contextlib.suppress(psycopg.Error):  # closing a broken connection: nothing left to save
                 conn.close()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """The named queries run inside share one transaction and one commit (a maintenance round);
+        an error in any of them rolls back all of them."""
+        with self._lock:
+            if self._in_flight is not None:
+                self._land_in_flight()
+            conn = self.connection()
+            try:
+                with conn.transaction():
+                    yield
+            except psycopg.Error as exc:
+                if conn.broken or is_transient(exc):
+                    self._drop()
+                raise translate(exc, "transaction", self.schema) from exc
 
     def _land_in_flight(self) -> None:
         """Wait for the event loop's claim in flight before another statement (see LoopClaims)."""

@@ -181,7 +181,7 @@ def test_expired_messages_are_never_delivered(make_connection: Any, store: Store
     got = store.message_claim(queues=["ttl"], limits=[10], owner="x", now=later)
     assert len(got) == 1
     store.message_release([got[0].tag], owner="x")
-    counts = store.queue_expire(ttl=30, now=later)
+    counts = store.message_expire(now=later)
     assert counts["expired"] == 1
     assert counts["buried"] == 0  # no dead-letter exchange named: dropped, as RabbitMQ does
     assert [m.payload for m in receive(conn, q, 1)] == [{"fresh": True}]
@@ -192,7 +192,7 @@ def test_queue_message_ttl_expires_into_dead_letters_when_the_queue_asks(make_co
     q = Queue("ttlq", message_ttl=0.05, queue_arguments={"x-dead-letter-exchange": "dlx"})
     q(conn.default_channel).declare()
     conn.Producer().publish({"n": 1}, routing_key="ttlq")
-    counts = store.queue_expire(ttl=30, now=datetime.now(UTC) + timedelta(seconds=5))
+    counts = store.message_expire(now=datetime.now(UTC) + timedelta(seconds=5))
     assert (counts["expired"], counts["buried"]) == (1, 1)
     (dead,) = store.deadletter_list(queue="ttlq")
     assert dead["reason"] == "expired (message TTL)"

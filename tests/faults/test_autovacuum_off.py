@@ -33,10 +33,7 @@ def test_with_autovacuum_off_the_workers_vacuum_the_messages_table_and_lose_noth
     store.consumer_heartbeat(consumer_id="probe", hostname="h", pid=1)
     claimed = store.message_claim(queues=["scratch"], limits=[100], owner="probe")
     store.message_ack([m.tag for m in claimed], owner="probe")
-    counts = store.consumer_maintain(
-        consumer_id="probe", hostname="h", pid=1, queues=[], ttl=30, max_attempts=20
-    ).counts
-    assert counts["unvacuumed"] == 0
+    assert store.messages_unvacuumed() == 0
 
     server.stop("fast")
     server.extra_options = "-c autovacuum=off"

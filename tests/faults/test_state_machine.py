@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from kombu_akadze.errors import TransientDatabaseError
+from kombu_akadze.lease import maintenance
 from kombu_akadze.store import NewMessage, Store, Tag, sqlfiles
 from kombu_akadze.transport.qos import REJECT_REASON
 
@@ -95,7 +96,7 @@ class Model:
         return m.state
 
     def rescue(self, *, exclude: str | None) -> tuple[set[int], set[int], int]:
-        """lease_rescue / consumer_maintain's pass: (ids back to ready, ids to dead letters, consumers gone)."""
+        """lease_rescue (alone, or in a maintenance round): (ids back to ready, ids to dead letters, consumers gone)."""
         before = set(self.heartbeats)
         gone = {c for c, at in self.heartbeats.items() if at < self.clock - TTL and c != exclude}
         ready, dead = set(), set()
@@ -250,20 +251,13 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(consumer=st.sampled_from(CONSUMERS))
     def maintain(self, consumer: str) -> None:
-        """A consumer's heartbeat thread: beat and rescue the others in one statement."""
-        counts = (
-            self.w.stores[consumer]
-            .consumer_maintain(
-                consumer_id=consumer,
-                hostname="h",
-                pid=1,
-                queues=[QUEUE],
-                ttl=TTL,
-                max_attempts=MAX_ATTEMPTS,
-                now=self.now(),
+        """The elected consumer's heartbeat thread: beat, then the fleet's passes, in one transaction."""
+        store = self.w.stores[consumer]
+        with store.transaction():
+            store.consumer_heartbeat(consumer_id=consumer, hostname="h", pid=1, queues=[QUEUE], ttl=TTL, now=self.now())
+            counts = maintenance.run_once(
+                store, ttl=TTL, max_attempts=MAX_ATTEMPTS, consumer_id=consumer, now=self.now()
             )
-            .counts
-        )
         ready, dead, gone = self.m.rescue(exclude=consumer)
         self.m.heartbeats[consumer] = self.m.clock
         if ready or dead:

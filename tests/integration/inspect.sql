@@ -80,3 +80,12 @@ SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = 'aka
 UPDATE {schema}.messages
 SET state = 'ready', owner = NULL, claimed_at = NULL, run_count = run_count - 1, attempts = attempts - 1
 WHERE id = %(id)s AND state = 'held';
+
+-- name: claim_in_transaction
+-- The claim function as a consumer's claim statement runs it, inside a transaction the test holds open.
+SELECT id, run_count FROM {schema}.claim(ARRAY[%(queue)s]::text[], ARRAY[1], %(owner)s, NULL);
+
+-- name: lock_waiters
+-- Sessions of one application_name waiting for a lock right now.
+SELECT count(*) AS n FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
+WHERE NOT l.granted AND a.application_name = %(application_name)s;

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from kombu import Queue
 
 from kombu_akadze.errors import QueueFullError
 from kombu_akadze.integrations.testing import eventually
-from kombu_akadze.store import Store
+from kombu_akadze.lease import maintenance
+from kombu_akadze.store import NewMessage, Store, sqlfiles
+
+INSPECT = sqlfiles.parse_blocks(Path(__file__).with_name("inspect.sql").read_text())
 
 
 def maintain(store: Store, now: datetime) -> dict[str, int]:
-    return store.consumer_maintain(
-        consumer_id="m", hostname="h", pid=1, queues=[], ttl=30, max_attempts=20, now=now
-    ).counts
+    """One round of the fleet's maintenance passes, as the elected consumer runs it."""
+    return maintenance.run_once(store, ttl=30, max_attempts=20, consumer_id="m", now=now)
 
 
 def states(store: Store) -> dict[tuple[str, str], int]:
@@ -88,6 +93,41 @@ def test_drop_head_trims_the_oldest_beyond_max_length(make_connection: Any, stor
         msg.ack()
     assert got == [7, 8, 9]
     simple.close()
+
+
+def test_drop_head_never_drops_a_message_that_a_claim_is_taking(pg_url: str, schema: str, store: Store) -> None:
+    """The cap pass picks the rows beyond x-max-length from its snapshot; a claim taking one of them at that
+    moment must win: the cap skips the row it cannot lock and checks the state again on the row it locks.
+    (Before: the DELETE waited for the claim, re-checked only the id join, and deleted the now-held row
+    under its consumer: a message that failed or was released afterwards was gone.)"""
+    store.queue_declare(name="ring", max_length=1)
+    oldest, newest = (store.message_insert(NewMessage(queue="ring", body=f"m{i}".encode())) for i in range(2))
+    capper = Store(pg_url, schema=schema, role="capper")
+    result: list[int] = []
+    with psycopg.connect(pg_url) as claimer:  # a transaction: the claim has locked and updated the row
+        claim = INSPECT["claim_in_transaction"].replace("{schema}", sqlfiles.quote_ident(schema))
+        claimed = claimer.execute(claim, {"queue": "ring", "owner": "consumer-a"}).fetchall()
+        assert [row[0] for row in claimed] == [oldest]
+        worker = threading.Thread(target=lambda: result.append(capper.queue_cap()))
+        worker.start()
+
+        def cap_done_or_waiting() -> bool:
+            with psycopg.connect(pg_url) as probe:
+                waiting = probe.execute(INSPECT["lock_waiters"], {"application_name": "akadze-capper"}).fetchone()
+            return not worker.is_alive() or (waiting is not None and waiting[0] > 0)
+
+        eventually(cap_done_or_waiting, timeout=30)
+        claimer.commit()  # the claim lands while the cap pass runs (or after it skipped the row)
+    worker.join(30)
+    capper.close()
+    assert not worker.is_alive()
+    row = store.message_get(oldest)
+    assert row is not None, "the held message was dropped by the cap pass"
+    assert (row["state"], row["owner"]) == ("held", "consumer-a")
+    assert store.message_get(newest) is not None
+    print(f"injected: a cap pass during a claim; 2 messages in, capped {result[0]}, lost 0")
+    assert result == [0]
+    assert store.queue_cap() == 0  # one waiting message: within the cap
 
 
 def test_bad_max_length_arguments_say_what_is_valid(make_connection: Any) -> None:

@@ -6,15 +6,27 @@ import pickle
 import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import NamedTuple
 
 import psycopg
 import pytest
 
-from kombu_akadze.lease import rescue
 from kombu_akadze.store import NewMessage, Store, sqlfiles
 
 OWNER = "consumer-a"
 SQL = sqlfiles.parse_blocks(Path(__file__).with_name("inspect.sql").read_text())
+
+
+class Rescued(NamedTuple):
+    requeued: int
+    dead: int
+    consumers_gone: int
+
+
+def rescue_once(store: Store, *, ttl: float, max_attempts: int, now: datetime | None = None) -> Rescued:
+    """The rescue pass (lease_rescue), as the elected consumer's maintenance round runs it."""
+    outcome = store.lease_rescue(ttl=ttl, max_attempts=max_attempts, now=now)
+    return Rescued(len(outcome.ready), len(outcome.dead), outcome.consumers_gone)
 
 
 def publish(store: Store, queue: str = "q", n: int = 1, **kw: object) -> list[int]:
@@ -81,10 +93,7 @@ def test_messages_not_yet_available_are_not_claimed_until_promoted(store: Store)
     assert store.queue_size(name="q") == 0
     later = datetime.now(UTC) + timedelta(hours=2)
     assert claim(store, now=later) == []  # delayed rows wait outside the claim index...
-    counts = store.consumer_maintain(
-        consumer_id=OWNER, hostname="h", pid=1, queues=[], ttl=30, max_attempts=20, now=later
-    ).counts
-    assert counts["promoted"] == 1  # ...until the maintenance pass promotes them when due
+    assert store.message_promote(now=later) == 1  # ...until the maintenance pass promotes them when due
     assert len(claim(store, now=later)) == 1
 
 
@@ -180,8 +189,8 @@ def test_rescue_returns_messages_of_silent_consumers_and_spends_an_attempt(store
     t0 = later_than_publish()
     register(store, "dead-one", now=t0)
     assert len(claim(store, limit=3, owner="dead-one", now=t0)) == 3
-    assert rescue.run_once(store, ttl=30, max_attempts=20, now=t0 + timedelta(seconds=10)).requeued == 0
-    result = rescue.run_once(store, ttl=30, max_attempts=20, now=t0 + timedelta(seconds=31))
+    assert rescue_once(store, ttl=30, max_attempts=20, now=t0 + timedelta(seconds=10)).requeued == 0
+    result = rescue_once(store, ttl=30, max_attempts=20, now=t0 + timedelta(seconds=31))
     assert (result.requeued, result.dead, result.consumers_gone) == (3, 0, 1)
     for mid in ids:
         row = store.message_get(mid)
@@ -194,7 +203,7 @@ def test_rescue_buries_messages_that_used_up_their_attempts(store: Store) -> Non
     t0 = later_than_publish()
     register(store, "dead-one", now=t0)
     assert len(claim(store, owner="dead-one", now=t0)) == 1
-    result = rescue.run_once(store, ttl=30, max_attempts=1, now=t0 + timedelta(seconds=60))
+    result = rescue_once(store, ttl=30, max_attempts=1, now=t0 + timedelta(seconds=60))
     assert (result.requeued, result.dead) == (0, 1)
     (dead,) = store.deadletter_list()
     assert (dead["id"], dead["reason"]) == (mid, "max_attempts exceeded")
@@ -204,15 +213,15 @@ def test_rescue_leaves_live_consumers_alone(store: Store) -> None:
     publish(store)
     register(store)
     claim(store)
-    assert rescue.run_once(store, ttl=30, max_attempts=20).requeued == 0
+    assert rescue_once(store, ttl=30, max_attempts=20).requeued == 0
 
 
 def test_rescue_of_a_held_row_whose_consumer_row_vanished_waits_for_the_ttl(store: Store) -> None:
     (mid,) = publish(store)
     t0 = later_than_publish()
     assert len(claim(store, owner="never-registered", now=t0)) == 1
-    assert rescue.run_once(store, ttl=30, max_attempts=20, now=t0 + timedelta(seconds=5)).requeued == 0
-    assert rescue.run_once(store, ttl=30, max_attempts=20, now=t0 + timedelta(seconds=31)).requeued == 1
+    assert rescue_once(store, ttl=30, max_attempts=20, now=t0 + timedelta(seconds=5)).requeued == 0
+    assert rescue_once(store, ttl=30, max_attempts=20, now=t0 + timedelta(seconds=31)).requeued == 1
     row = store.message_get(mid)
     assert row is not None
     assert row["state"] == "ready"
@@ -223,14 +232,14 @@ def test_concurrent_rescuers_do_not_count_an_attempt_twice(pg_url: str, schema: 
     t0 = later_than_publish()
     register(store, "dead-one", now=t0)
     assert len(claim(store, limit=200, owner="dead-one", now=t0)) == 200
-    results: list[rescue.RescueResult] = []
+    results: list[Rescued] = []
     barrier = threading.Barrier(4)
 
     def rescuer() -> None:
         s = Store(pg_url, schema=schema, role="rescuer")
         s.connection()
         barrier.wait()
-        results.append(rescue.run_once(s, ttl=1, max_attempts=20, now=t0 + timedelta(seconds=5)))
+        results.append(rescue_once(s, ttl=1, max_attempts=20, now=t0 + timedelta(seconds=5)))
         s.close()
 
     threads = [threading.Thread(target=rescuer) for _ in range(4)]
@@ -316,3 +325,21 @@ def test_queue_names_are_data_never_sql(store: Store, name: str) -> None:
     (got,) = claim(store, queue=name)
     assert (got.id, got.queue) == (mid, name)
     assert store.queue_exists(name=name)
+
+
+def test_the_oldest_live_consumer_is_elected_and_the_next_takes_over_once_it_is_silent(store: Store) -> None:
+    t0 = later_than_publish()
+
+    def beat(consumer: str, at: datetime) -> bool:
+        return store.consumer_heartbeat(consumer_id=consumer, hostname="h", pid=1, ttl=30, now=at)
+
+    assert beat("a", t0) is True  # alone: elected
+    assert beat("b", t0 + timedelta(seconds=1)) is False  # younger, while a beats
+    assert beat("a", t0 + timedelta(seconds=20)) is True
+    assert beat("b", t0 + timedelta(seconds=40)) is False  # a beat 20 s ago: within the 30 s ttl
+    assert beat("b", t0 + timedelta(seconds=51)) is True  # a silent for 31 s: b takes over
+    assert beat("c", t0 + timedelta(seconds=52)) is False
+    # a comes back before anyone's rescue forgot it: the oldest again, so it leads again (two leaders
+    # for at most one round is safe: every pass skips rows another one holds).
+    assert beat("a", t0 + timedelta(seconds=53)) is True
+    assert beat("b", t0 + timedelta(seconds=54)) is False

@@ -240,21 +240,23 @@ def test_a_stale_ack_changes_nothing_and_names_the_message(
 
 
 def test_heartbeat_keeps_the_lease_while_the_consumer_thread_is_blocked(make_connection: Any, store: Store) -> None:
-    holder = make_connection()
-    q = holder.SimpleQueue("busy")
-    q.put({"n": 1})
-    msg = q.get(timeout=10)
-    hb = holder.transport.heartbeat
+    # The rescuer registers first: the oldest live consumer is the elected one that runs the rescue pass.
     rescuer = make_connection()
     rq = rescuer.SimpleQueue("busy")
     with pytest.raises(rq.Empty):
         rq.get(timeout=0.1)
     rescuer_hb = rescuer.transport.heartbeat
-    start = rescuer_hb.rescues
+    holder = make_connection()
+    q = holder.SimpleQueue("busy")
+    q.put({"n": 1})
+    msg = q.get(timeout=10)
+    hb = holder.transport.heartbeat
+    assert rescuer_hb.wait_for(lambda h: h.led >= 1, timeout=30)  # the rescuer leads
+    start = rescuer_hb.led
     beats = hb.beats
     # Block this (the holder's consuming) thread past heartbeat_ttl on purpose, as a long task would.
     threading.Event().wait(2 * hb.ttl)
-    assert rescuer_hb.wait_for(lambda h: h.rescues >= start + 10, timeout=30)
+    assert rescuer_hb.wait_for(lambda h: h.led >= start + 10, timeout=30)  # ten rescue passes ran meanwhile
     assert hb.beats > beats
     row = store.message_get(msg.headers["akadze_message_id"])
     assert row is not None

@@ -114,12 +114,12 @@ def test_identifiers_are_quoted_as_data() -> None:
 def test_a_rescue_that_only_forgot_silent_consumers_is_info_not_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     """A `celery inspect` that exits without closing its connection leaves a consumer row that holds nothing:
     forgetting it is routine; messages moved by a rescue are still a warning."""
-    from kombu_akadze.lease import rescue
+    from kombu_akadze.lease import maintenance
 
     quiet = dict.fromkeys(("requeued", "dead", "consumers_gone", "queues", "dropped", "expired", "buried"), 0)
     with caplog.at_level(logging.INFO, logger="kombu_akadze"):
-        rescue.report({**quiet, "consumers_gone": 1}, ttl=30)
-        rescue.report({**quiet, "consumers_gone": 1, "requeued": 2}, ttl=30)
+        maintenance.report({**quiet, "consumers_gone": 1}, ttl=30)
+        maintenance.report({**quiet, "consumers_gone": 1, "requeued": 2}, ttl=30)
     assert [r.levelno for r in caplog.records] == [logging.INFO, logging.WARNING]
 
 
