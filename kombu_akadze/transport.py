@@ -261,9 +261,19 @@ class Transport(virtual.Transport):
             self.waker.drain()
 
     def close_connection(self, connection: Any) -> None:
-        self.unregister_from_event_loop(connection, None)
-        self._delayed_flush.stop()
-        self.flush_outcomes()
+        """Write the buffered outcomes, close the channels (held messages go back in place), stop the
+        heartbeat and remove the consumer row. An error writing the outcomes is logged and the close goes
+        on: skipped, the heartbeat would keep the leases of rows nobody will finish alive for as long as
+        the process lives. An outcome that could not be written stays held until rescue (one more run)."""
+        try:
+            self.unregister_from_event_loop(connection, None)
+            self._delayed_flush.stop()
+            self.flush_outcomes()
+        except Exception:
+            logger.exception(
+                "kombu-akadze: writing buffered outcomes at close failed; closing anyway (messages whose "
+                "outcome was not written are rescued after heartbeat_ttl and run again)"
+            )
         try:
             super().close_connection(connection)  # closes channels: held messages released in place
         finally:

@@ -80,3 +80,8 @@ SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = 'aka
 UPDATE {schema}.messages
 SET state = 'ready', owner = NULL, claimed_at = NULL, run_count = run_count - 1, attempts = attempts - 1
 WHERE id = %(id)s AND state = 'held';
+
+-- name: ack_function_drop
+-- Break the ack path of one schema as a half-applied downgrade would: every ack then fails with
+-- undefined_function (42883), an error no retry fixes, while claims already made stay held.
+DROP FUNCTION {schema}.ack(bigint[], integer[], text);
