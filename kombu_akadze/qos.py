@@ -83,13 +83,13 @@ class QoS(virtual.QoS):
     def _flush_after_close(self) -> None:
         """The channel closed under a running task: nobody flushes for us any more, so write now on the
         transport's session (opened again for this, and closed again if the whole connection is closed).
-        Fenced as ever: a run released at the close, or rescued since, changes nothing and runs again;
-        an outcome that cannot be written now stays held until rescue (after heartbeat_ttl), which also
-        means one more run."""
+        Fenced as ever: a run released at the close, or rescued since, changes nothing and runs again.
+        An outcome that cannot be written now stays buffered and is written with the next outcome settled
+        on this channel; meanwhile its message stays held, and is rescued after heartbeat_ttl once this
+        consumer's heartbeat stops (one more run), after which the late write changes nothing. Nothing is
+        cleared here: another thread may have buffered an outcome of its own while this write failed."""
         try:
-            if self.flush():
-                with self._pending_lock:
-                    self._pending.clear()
+            self.flush()
         finally:
             if not self._transport.channels:
                 self._transport.store.close()

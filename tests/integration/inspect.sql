@@ -85,3 +85,13 @@ WHERE id = %(id)s AND state = 'held';
 -- Break the ack path of one schema as a half-applied downgrade would: every ack then fails with
 -- undefined_function (42883), an error no retry fixes, while claims already made stay held.
 DROP FUNCTION {schema}.ack(bigint[], integer[], text);
+
+-- name: messages_lock
+-- Hold every row of the messages table (in the caller's transaction): fenced writes to them wait.
+SELECT id FROM {schema}.messages ORDER BY id FOR UPDATE;
+
+-- name: waiting_cancel
+-- Cancel (query_canceled, 57014: transient) the statements on this schema that wait for a lock.
+SELECT count(*) FILTER (WHERE pg_cancel_backend(pid)) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'
+  AND strpos(query, %(quoted)s) > 0;
