@@ -95,3 +95,7 @@ SELECT id FROM {schema}.messages ORDER BY id FOR UPDATE;
 SELECT count(*) FILTER (WHERE pg_cancel_backend(pid)) FROM pg_stat_activity
 WHERE datname = current_database() AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'
   AND strpos(query, %(quoted)s) > 0;
+
+-- name: timeouts_show
+-- The lock and statement timeouts of this session, as PostgreSQL shows them.
+SELECT current_setting('lock_timeout'), current_setting('statement_timeout');
