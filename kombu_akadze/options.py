@@ -79,6 +79,14 @@ class Options:
     #: acks and claims of its last ~0.6 s (3 x wal_writer_delay), so those messages run again;
     #: none is lost, since a publish, release, requeue or reject is always durable.
     durable_acks: bool = False
+    #: Seconds any statement of the transport's sessions may wait for a lock (0: no limit). A claim
+    #: behind a lock held elsewhere (a long REINDEX, an operator's LOCK TABLE) then fails with a
+    #: transient error, retried as a lost connection, instead of freezing the consumer (remote
+    #: control included): Celery's event loop waits inline for an idle worker's claim.
+    lock_timeout: float = 5.0
+    #: Seconds any statement of the transport's sessions may run (0: no limit); the consumer's own
+    #: VACUUM fallback runs without it. A backstop far above any normal statement (milliseconds).
+    statement_timeout: float = 300.0
 
     @classmethod
     def from_transport_options(cls, raw: Mapping[str, Any] | None) -> Options:
@@ -119,6 +127,7 @@ class Options:
                 f"heartbeat_ttl ({self.heartbeat_ttl} s) must be at least twice heartbeat_interval "
                 f"({self.heartbeat_interval} s), or one late heartbeat would look like a dead worker"
             )
+        self._validate_timeouts()
         if self.native_delay_threshold < 0:
             raise ConfigurationError("transport option native_delay_threshold must be >= 0 seconds (0: off)")
         if self.compact_interval < 0:
@@ -134,6 +143,16 @@ class Options:
             raise ConfigurationError("transport option claim_batch must be an integer >= 1")
         if self.max_message_size < 0:
             raise ConfigurationError("transport option max_message_size must be >= 0 bytes (0: no limit)")
+
+    def _validate_timeouts(self) -> None:
+        for name in ("lock_timeout", "statement_timeout"):
+            if getattr(self, name) < 0:
+                raise ConfigurationError(f"transport option {name} must be >= 0 seconds (0: no limit)")
+        if self.statement_timeout and self.lock_timeout > self.statement_timeout:
+            raise ConfigurationError(
+                f"lock_timeout ({self.lock_timeout} s) must not exceed statement_timeout ({self.statement_timeout} s): "
+                "a statement is cancelled at statement_timeout whatever it waits for"
+            )
 
     def max_attempts_for(self, queue: str) -> int | None:
         """The configured per-queue max_attempts, if any."""

@@ -43,9 +43,11 @@ KEEPALIVE_DEFAULTS = {
 # SQLSTATE classes that a retry can outlive: connection exceptions, insufficient
 # resources (too many connections), operator intervention (admin shutdown, crash,
 # cannot connect now), transaction rollback (deadlock, serialization), and a
-# read-only transaction (we reached a standby during failover).
+# read-only transaction (we reached a standby during failover), and the lock and
+# statement timeouts (55P03 lock_not_available, 57014 query_canceled): a lock held
+# elsewhere (a long REINDEX, an operator's LOCK TABLE) is outlived by a retry.
 _TRANSIENT_SQLSTATE_PREFIXES = ("08", "53", "57P", "40")
-_TRANSIENT_SQLSTATES = {"25006", "57014"}
+_TRANSIENT_SQLSTATES = {"25006", "55P03", "57014"}
 
 # Connections inherited by a forked child: kept referenced so that garbage
 # collection never closes them, which would end the parent's sessions.
@@ -97,6 +99,13 @@ def translate(exc: psycopg.Error, what: str, schema: str) -> DatabaseError:
     return DatabaseError(f"{what}: {detail}")
 
 
+def pg_duration(seconds: float | None) -> str | None:
+    """Seconds as a PostgreSQL timeout setting: milliseconds, at least 1 ms when set at all ('0' is off)."""
+    if seconds is None:
+        return None
+    return "0" if seconds <= 0 else f"{max(1, round(seconds * 1000))}ms"
+
+
 def connect(
     dsn: str,
     *,
@@ -104,8 +113,13 @@ def connect(
     connect_timeout: float,
     autocommit: bool = True,
     prepared_statements: bool = True,
+    lock_timeout: float | None = None,
+    statement_timeout: float | None = None,
 ) -> psycopg.Connection[Any]:
-    """A new connection with keepalive defaults and an application_name that names its role."""
+    """A new connection with keepalive defaults and an application_name that names its role. With
+    *lock_timeout* / *statement_timeout* (seconds, 0: off; None: the server's setting) every statement
+    of the session is bounded: one waiting behind a lock held elsewhere fails, transiently, instead of
+    freezing its caller."""
     params: dict[str, Any] = dict(conninfo_to_dict(dsn))
     is_socket = str(params.get("host", "")).startswith("/")
     if not is_socket:
@@ -117,6 +131,17 @@ def connect(
     if not prepared_statements:
         conn.prepare_threshold = None
     kombu_json_setup(conn)
+    if lock_timeout is not None or statement_timeout is not None:
+        try:
+            conn.execute(
+                sqlfiles.render("session_timeouts_set"),
+                {"lock_timeout": pg_duration(lock_timeout), "statement_timeout": pg_duration(statement_timeout)},
+            )
+            if not autocommit:
+                conn.commit()
+        except BaseException:
+            conn.close()
+            raise
     return conn
 
 
@@ -144,6 +169,8 @@ class Session:
         connect_timeout: float = 10.0,
         prepared_statements: bool = True,
         durable_acks: bool = False,
+        lock_timeout: float | None = None,
+        statement_timeout: float | None = None,
     ) -> None:
         self.dsn = dsn
         self.schema = schema
@@ -152,6 +179,9 @@ class Session:
         self.prepared_statements = prepared_statements
         #: Acks and claims wait for the WAL flush, as publishes always do (transport option durable_acks).
         self.durable_acks = durable_acks
+        #: Seconds any statement may wait for a lock / run (0: off; None: the server's settings).
+        self.lock_timeout = lock_timeout
+        self.statement_timeout = statement_timeout
         self.channel = notify_channel(schema)
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.RLock()
@@ -181,6 +211,8 @@ class Session:
                         role=self.role,
                         connect_timeout=self.connect_timeout,
                         prepared_statements=self.prepared_statements,
+                        lock_timeout=self.lock_timeout,
+                        statement_timeout=self.statement_timeout,
                     )
                 except psycopg.Error as exc:
                     raise translate(exc, f"connecting to {mask_password(self.dsn)}", self.schema) from exc

@@ -176,7 +176,7 @@ class Channel(ExchangeMixin, virtual.Channel):
         if not self.closed and self.connection is not None:
             self.connection.deliverer.release_buffered(self)
             if self._qos is not None:
-                self._qos.flush()
+                self._qos.flush_at_close()  # logs an error it cannot fix: the close goes on
         super().close()
 
     def _restore(self, message: Any) -> None:

@@ -83,13 +83,13 @@ class QoS(virtual.QoS):
     def _flush_after_close(self) -> None:
         """The channel closed under a running task: nobody flushes for us any more, so write now on the
         transport's session (opened again for this, and closed again if the whole connection is closed).
-        Fenced as ever: a run released at the close, or rescued since, changes nothing and runs again;
-        an outcome that cannot be written now stays held until rescue (after heartbeat_ttl), which also
-        means one more run."""
+        Fenced as ever: a run released at the close, or rescued since, changes nothing and runs again.
+        An outcome that cannot be written now stays buffered and is written with the next outcome settled
+        on this channel; meanwhile its message stays held, and is rescued after heartbeat_ttl once this
+        consumer's heartbeat stops (one more run), after which the late write changes nothing. Nothing is
+        cleared here: another thread may have buffered an outcome of its own while this write failed."""
         try:
-            if self.flush():
-                with self._pending_lock:
-                    self._pending.clear()
+            self.flush()
         finally:
             if not self._transport.channels:
                 self._transport.store.close()
@@ -203,18 +203,27 @@ class QoS(virtual.QoS):
                 )
                 self._transport.fenced_outcomes += 1
 
+    def flush_at_close(self) -> None:
+        """Write what is buffered before the channel closes. An error no retry fixes is logged, not raised:
+        the close must go on (held messages released, heartbeat stopped); the outcomes it could not write
+        stay held until rescue after heartbeat_ttl, which means one more run."""
+        try:
+            self.flush()
+        except AkadzeError as exc:
+            logger.error("kombu-akadze: buffered outcomes could not be written at close (%s); closing anyway", exc)
+
     def retry_pending(self) -> int:
         """Write again the outcomes that failed transiently; returns how many are still pending."""
         return self.flush()
 
     def restore_unacked_once(self, stderr: Any = None) -> None:
         """At close: write buffered outcomes even when nothing is left unacked (kombu skips then)."""
-        self.flush()
+        self.flush_at_close()
         super().restore_unacked_once(stderr)
 
     def restore_unacked(self) -> list[tuple[BaseException, Any]]:
         """Give back every held, unsettled message in place, attempt not spent (one statement)."""
-        self.flush()
+        self.flush_at_close()
         self._flush()
         delivered = self._delivered
         tags = [parse_tag(dtag) for dtag in list(delivered) if dtag not in self._dirty]

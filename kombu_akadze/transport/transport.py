@@ -54,6 +54,11 @@ Transport Options
 * ``durable_acks`` (bool, default ``False``): acks and claims wait for the WAL flush (and any
   synchronous standby) like publishes; off, a server crash may make the last ~0.6 s of finished
   messages run again (never lost), as RabbitMQ's unconfirmed acks.
+* ``lock_timeout`` (float, default 5, seconds; 0: none): longest wait of any statement for a lock; a
+  claim behind an operator's LOCK TABLE or a long REINDEX fails transiently (retried as a lost
+  connection) instead of freezing the worker's event loop.
+* ``statement_timeout`` (float, default 300, seconds; 0: none): longest run of any statement (the VACUUM
+  fallback excepted); a backstop, far above any normal statement.
 """
 
 from __future__ import annotations
@@ -179,13 +184,20 @@ class Transport(virtual.Transport):
         )
 
     def _new_store(self, role: str) -> Store:
+        """A session of this connection, bounded by lock_timeout and statement_timeout. The VACUUM
+        fallback's runs without a statement limit: on a big table VACUUM legitimately takes longer, and it
+        waits for no lock (SKIP_LOCKED). The heartbeat's REINDEX sets its own 0.1 s lock limit, on a heap
+        small enough to take milliseconds."""
+        opts = self.options
         return Store(
             self.dsn,
-            schema=self.options.schema,
+            schema=opts.schema,
             role=role,
-            connect_timeout=self.options.connect_timeout,
-            prepared_statements=self.options.prepared_statements,
-            durable_acks=self.options.durable_acks,
+            connect_timeout=opts.connect_timeout,
+            prepared_statements=opts.prepared_statements,
+            durable_acks=opts.durable_acks,
+            lock_timeout=opts.lock_timeout,
+            statement_timeout=0 if role == "vacuum" else opts.statement_timeout,
         )
 
     def establish_connection(self) -> Any:
@@ -262,9 +274,19 @@ class Transport(virtual.Transport):
             self.waker.drain()
 
     def close_connection(self, connection: Any) -> None:
-        self.unregister_from_event_loop(connection, None)
-        self._delayed_flush.stop()
-        self.flush_outcomes()
+        """Write the buffered outcomes, close the channels (held messages go back in place), stop the
+        heartbeat and remove the consumer row. An error writing the outcomes is logged and the close goes
+        on: skipped, the heartbeat would keep the leases of rows nobody will finish alive for as long as
+        the process lives. An outcome that could not be written stays held until rescue (one more run)."""
+        try:
+            self.unregister_from_event_loop(connection, None)
+            self._delayed_flush.stop()
+            self.flush_outcomes()
+        except Exception:
+            logger.exception(
+                "kombu-akadze: writing buffered outcomes at close failed; closing anyway (messages whose "
+                "outcome was not written are rescued after heartbeat_ttl and run again)"
+            )
         try:
             super().close_connection(connection)  # closes channels: held messages released in place
         finally:

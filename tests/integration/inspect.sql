@@ -89,3 +89,22 @@ SELECT id, run_count FROM {schema}.claim(ARRAY[%(queue)s]::text[], ARRAY[1], %(o
 -- Sessions of one application_name waiting for a lock right now.
 SELECT count(*) AS n FROM pg_locks AS l JOIN pg_stat_activity AS a ON a.pid = l.pid
 WHERE NOT l.granted AND a.application_name = %(application_name)s;
+
+-- name: ack_function_drop
+-- Break the ack path of one schema as a half-applied downgrade would: every ack then fails with
+-- undefined_function (42883), an error no retry fixes, while claims already made stay held.
+DROP FUNCTION {schema}.ack(bigint[], integer[], text);
+
+-- name: messages_lock
+-- Hold every row of the messages table (in the caller's transaction): fenced writes to them wait.
+SELECT id FROM {schema}.messages ORDER BY id FOR UPDATE;
+
+-- name: waiting_cancel
+-- Cancel (query_canceled, 57014: transient) the statements on this schema that wait for a lock.
+SELECT count(*) FILTER (WHERE pg_cancel_backend(pid)) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'
+  AND strpos(query, %(quoted)s) > 0;
+
+-- name: timeouts_show
+-- The lock and statement timeouts of this session, as PostgreSQL shows them.
+SELECT current_setting('lock_timeout'), current_setting('statement_timeout');

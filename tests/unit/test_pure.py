@@ -52,6 +52,14 @@ def test_options_defaults_follow_the_seed() -> None:
     assert (opts.heartbeat_interval, opts.heartbeat_ttl, opts.poll_interval, opts.max_attempts) == (5.0, 30.0, 1.0, 20)
 
 
+def test_every_session_is_bounded_by_default_and_zero_turns_a_limit_off() -> None:
+    opts = Options.from_transport_options({})
+    assert (opts.lock_timeout, opts.statement_timeout) == (5.0, 300.0)
+    off = Options.from_transport_options({"lock_timeout": "0", "statement_timeout": 0})
+    assert (off.lock_timeout, off.statement_timeout) == (0.0, 0.0)
+    assert Options.from_transport_options({"lock_timeout": 20, "statement_timeout": 0}).lock_timeout == 20.0
+
+
 def test_options_coerce_strings_and_accept_kombu_alias() -> None:
     opts = Options.from_transport_options({"listen": "off", "max_attempts": "3", "polling_interval": 0.2})
     assert opts.listen is False
@@ -70,6 +78,9 @@ def test_options_coerce_strings_and_accept_kombu_alias() -> None:
         ({"queue_max_attempts": {"q": 0}}, "queue_max_attempts"),
         ({"poll_interval": -1}, "poll_interval"),
         ({"compact_interval": -1}, r"compact_interval must be >= 0 seconds \(0: off\)"),
+        ({"lock_timeout": -1}, r"lock_timeout must be >= 0 seconds \(0: no limit\)"),
+        ({"statement_timeout": "soon"}, "expected float"),
+        ({"lock_timeout": 20, "statement_timeout": 10}, "must not exceed statement_timeout"),
     ],
 )
 def test_bad_options_say_what_is_valid(raw: dict[str, object], message: str) -> None:
