@@ -187,3 +187,41 @@ def test_a_transactional_enqueue_keeps_celerys_headers(
     msg = get(make_connection(), "outboxed")
     assert_first_delivery(msg, celery_headers[0])
     msg.ack()
+
+
+def test_a_before_task_publish_handler_republishing_with_its_kwargs_is_not_refused(
+    app: Celery, make_connection: Any
+) -> None:
+    """Celery passes the handler ``signal`` (an object JSON cannot hold) among its kwargs; py-amqp ignores
+    publish keywords it does not know, so such a handler works on RabbitMQ and must work here."""
+    republished: list[str] = []
+
+    def copy_to_audit(
+        body: Any, exchange: str, routing_key: str, headers: dict[str, Any], properties: dict[str, Any], **kwargs: Any
+    ) -> None:
+        kwargs.pop("sender", None)
+        kwargs.pop("declare", None)
+        kwargs.pop("retry_policy", None)
+        if routing_key != "orders":
+            return
+        with app.producer_or_acquire() as producer:
+            producer.publish(
+                body, routing_key="audit", headers=headers, declare=[Queue("audit")], **properties, **kwargs
+            )
+        republished.append(sorted(kwargs))
+
+    before_task_publish.connect(copy_to_audit, weak=False)
+    try:
+        app.send_task("headers.order", args=(1,), queue="orders", custom_option=object())
+    finally:
+        before_task_publish.disconnect(copy_to_audit)
+    assert republished
+    assert "signal" in republished[0]
+    conn = make_connection()
+    original, copy = get(conn, "orders"), get(conn, "audit")
+    assert copy.body == original.body
+    assert copy.headers == original.headers
+    assert copy.properties["correlation_id"] == original.properties["correlation_id"]
+    assert "signal" not in copy.properties
+    original.ack()
+    copy.ack()
