@@ -10,7 +10,10 @@ __version__ = "0.1.0"
 
 #: ``broker_url = "akadze+postgresql://..."`` resolves here once this package is imported
 #: (the ``celery`` CLI imports it through the celery.commands entry point).
-TRANSPORT_ALIASES.setdefault("akadze", "kombu_akadze.transport:Transport")
+#: kombu's failover switch() parses every alternate itself and looks its whole scheme up, so
+#: "akadze+postgresql" must resolve as well as "akadze" (else KeyError: No such transport).
+for _alias in ("akadze", "akadze+postgresql", "akadze+postgres"):
+    TRANSPORT_ALIASES.setdefault(_alias, "kombu_akadze.transport:Transport")
 
 
 def attempt_of(request: Any) -> int | None:
