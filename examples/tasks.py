@@ -28,6 +28,8 @@ import psycopg
 from celery import Celery, Task
 from psycopg import sql
 
+import kombu_akadze
+
 RECORD = "examples.tasks.record"
 SLOW = "examples.tasks.slow"
 DEFAULT_DEMO_SCHEMA = "akadze_demo"
@@ -163,8 +165,8 @@ def ledger(event: str, n: int, attempt: int | None) -> None:
 
 
 def attempt_of(task: Task) -> int | None:
-    """The akadze_attempt header of the running message (None on other brokers)."""
-    return getattr(task.request, "akadze_attempt", None)
+    """The kombu-akadze attempt of the running message, from its delivery_info (None on other brokers)."""
+    return kombu_akadze.attempt_of(task.request)
 
 
 @app.task(bind=True, name=RECORD)

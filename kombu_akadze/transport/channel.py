@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta, timezone
 from queue import Empty
 from typing import TYPE_CHECKING, Any
 
 from kombu.exceptions import ConnectionError as KombuConnectionError
 from kombu.transport import virtual
+from kombu.utils import json as kombu_json
 
 from kombu_akadze.errors import MessageTooLargeError, QueueFullError
 from kombu_akadze.store import NewMessage, Store
@@ -17,6 +19,28 @@ from kombu_akadze.transport.qos import QoS, parse_tag
 
 if TYPE_CHECKING:
     from kombu_akadze.transport import Transport
+
+logger = logging.getLogger("kombu_akadze")
+
+#: The AMQP 0-9-1 basic properties RabbitMQ keeps (py-amqp ignores any other publish keyword).
+AMQP_PROPERTIES = frozenset(
+    [
+        "content_type",
+        "content_encoding",
+        "application_headers",
+        "delivery_mode",
+        "priority",
+        "correlation_id",
+        "reply_to",
+        "expiration",
+        "message_id",
+        "timestamp",
+        "type",
+        "user_id",
+        "app_id",
+        "cluster_id",
+    ]
+)
 
 
 class Channel(ExchangeMixin, virtual.Channel):
@@ -76,8 +100,7 @@ class Channel(ExchangeMixin, virtual.Channel):
                 f"message body of {len(body)} bytes for queue {queue!r} is over max_message_size={limit} bytes; "
                 "put the payload in object storage and send a reference, or raise the transport option"
             )
-        properties = dict(message.get("properties") or {})
-        properties.pop("delivery_tag", None)
+        properties = _storable_properties(message.get("properties") or {})
         expiration = properties.get("expiration")
         return NewMessage(
             queue=queue,
@@ -200,6 +223,28 @@ def _storable_headers(headers: dict[str, Any]) -> dict[str, Any]:
         value = out.get(key)
         if isinstance(value, str) and "\x00" in value:
             out[key] = value.replace("\x00", "\\x00")
+    return out
+
+
+def _storable_properties(properties: dict[str, Any]) -> dict[str, Any]:
+    """Publish properties as stored (jsonb). kombu's virtual transports pass on every keyword given to
+    Producer.publish; RabbitMQ's client ignores those it does not know. So a value JSON cannot hold
+    (Celery's ``signal`` object, republished from a before_task_publish handler with ``**kwargs``)
+    never fails the publish: an AMQP property is kept as text, anything else is left out."""
+    out: dict[str, Any] = {}
+    for key, value in properties.items():
+        if key == "delivery_tag":
+            continue
+        try:
+            kombu_json.dumps(value)
+        except (TypeError, ValueError):
+            if key in AMQP_PROPERTIES:
+                out[key] = str(value)
+                logger.debug("kombu-akadze: publish property %r is not JSON; stored as text", key)
+            else:
+                logger.debug("kombu-akadze: publish keyword %r (%s) is not JSON; left out", key, type(value).__name__)
+            continue
+        out[key] = value
     return out
 
 

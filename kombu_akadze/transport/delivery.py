@@ -20,13 +20,18 @@ def payload_of(message: ClaimedMessage) -> dict[str, Any]:
     properties = dict(message.properties)
     delivery_info = dict(properties.get("delivery_info") or {})
     delivery_info["redelivered"] = message.run_count > 1
+    # The broker's own facts go with the delivery, never into the producer's headers (as RabbitMQ);
+    # a Celery task reads them with kombu_akadze.attempt_of(self.request).
+    delivery_info["akadze_message_id"] = message.id
+    delivery_info["akadze_attempt"] = message.attempts
     properties["delivery_info"] = delivery_info
     properties["delivery_tag"] = make_tag(message.id, message.run_count)
     properties["body_encoding"] = None
     headers = dict(message.headers)
-    # Visible to tasks as self.request.akadze_attempt etc., so they can be idempotent on purpose.
-    headers["akadze_message_id"] = message.id
-    headers["akadze_attempt"] = message.attempts
+    if message.run_count > 1 and message.attempts > 1:
+        # As a RabbitMQ 4 quorum queue: the failed deliveries before this one, on a redelivery only (a
+        # graceful release gives its attempt back, as a quorum queue does not count a return on close).
+        headers["x-delivery-count"] = message.attempts - 1
     return {
         "body": message.body,
         "content-type": message.content_type,

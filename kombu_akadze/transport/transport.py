@@ -20,10 +20,16 @@ Connection String
 =================
 .. code-block::
 
+    akadze://user:password@host:5432/dbname
+    akadze://user:password@host:5432/dbname?sslmode=require&target_session_attrs=read-write
     akadze+postgresql://user:password@host:5432/dbname?sslmode=require
     akadze+postgresql://user@/dbname?host=/var/run/postgresql
     akadze+postgresql://user@a:5432,b:5432/dbname?target_session_attrs=read-write
     akadze://          (an embedded PostgreSQL, for demos and tests)
+    akadze://u:p@h1/db;akadze://u:p@h2/db   (kombu failover; also alternates=[...])
+
+``ssl`` (Celery's ``broker_use_ssl``) maps onto libpq: ``ca_certs``, ``certfile``, ``keyfile``
+-> ``sslrootcert``, ``sslcert``, ``sslkey``; ``cert_reqs`` -> ``sslmode``. See docs/urls.md.
 
 or ``broker_url = "postgresql://..."`` with
 ``broker_transport = "kombu_akadze.transport:Transport"``.
@@ -80,7 +86,7 @@ from kombu.utils.objects import cached_property
 from kombu_akadze import embedded
 from kombu_akadze.consume.events import HubDriver, Listener, Waker, jittered
 from kombu_akadze.consume.flusher import DelayedFlush
-from kombu_akadze.errors import AkadzeError, TransientDatabaseError
+from kombu_akadze.errors import AkadzeError, ConfigurationError, TransientDatabaseError
 from kombu_akadze.lease.compact import Compactor
 from kombu_akadze.lease.heartbeat import Heartbeat
 from kombu_akadze.lease.vacuum import Vacuumer
@@ -89,7 +95,7 @@ from kombu_akadze.store import DRIVER_VERSION, ClaimedMessage, Store, migrate
 from kombu_akadze.transport.channel import Channel
 from kombu_akadze.transport.delivery import Deliverer, Round, buffer_of
 from kombu_akadze.transport.qos import QoS, parse_tag
-from kombu_akadze.urls import is_embedded, mask_password, to_dsn
+from kombu_akadze.urls import adopt_parts, display_uri, dsn_for
 
 logger = logging.getLogger("kombu_akadze")
 
@@ -124,6 +130,7 @@ class Transport(virtual.Transport):
 
     def __init__(self, client: Any, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)
+        adopt_parts(client)  # conn.hostname/port/userid as amqp:// gives them
         self.options = Options.from_transport_options(client.transport_options)
         self.polling_interval = self.options.poll_interval
         self.consumer_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
@@ -153,10 +160,13 @@ class Transport(virtual.Transport):
 
     @cached_property
     def dsn(self) -> str:
-        hostname: str = getattr(self.client, "hostname", None) or ""
-        if is_embedded(hostname):
-            return embedded.start()
-        return to_dsn(hostname)
+        """From the URL (``akadze://``, ``akadze+postgresql://``; libpq options in its query), or from
+        kombu's attributes after a failover switch(), with Celery's broker_use_ssl as libpq TLS settings."""
+        try:
+            dsn = dsn_for(self.client)
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from None
+        return embedded.start() if dsn is None else dsn
 
     @cached_property
     def store(self) -> Store:
@@ -294,8 +304,7 @@ class Transport(virtual.Transport):
             self.store.close()
 
     def as_uri(self, uri: str, include_password: bool = False, mask: str = "**") -> str:
-        shown = uri if include_password else mask_password(uri, mask)
-        return shown if shown.startswith("akadze") else f"akadze+{shown}"
+        return display_uri(self.client, include_password=include_password, mask=mask)
 
     def driver_version(self) -> str:
         return DRIVER_VERSION

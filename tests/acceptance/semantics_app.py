@@ -20,6 +20,7 @@ from celery import Celery, Task
 from celery.exceptions import Reject, SoftTimeLimitExceeded
 
 from examples.tasks import demo_table, make_app
+from kombu_akadze import attempt_of, message_id_of
 
 
 def make_semantics_app(environ: Mapping[str, str]) -> Celery:
@@ -54,8 +55,8 @@ def note(task: Task, event: str, key: int, **extra: Any) -> None:
         "pid": os.getpid(),
         "hostname": request.hostname,
         "t": time.time(),
-        "attempt": getattr(request, "akadze_attempt", None),
-        "message_id": getattr(request, "akadze_message_id", None),
+        "attempt": attempt_of(request),
+        "message_id": message_id_of(request),
         "redelivered": delivery.get("redelivered"),
         "routing_key": delivery.get("routing_key"),
         "retries": request.retries,
@@ -74,7 +75,7 @@ def nap(seconds: float) -> None:
 
 
 def first_run(task: Task) -> bool:
-    attempt = getattr(task.request, "akadze_attempt", None)
+    attempt = attempt_of(task.request)
     return attempt is None or attempt <= 1
 
 
@@ -137,7 +138,7 @@ def suicide(self: Task, key: int, die_on: list[int] | None = None, seconds: floa
     """SIGKILL the pool child running it on the attempts in *die_on* (None: every attempt)."""
     note(self, "start", key)
     nap(seconds)  # let the worker see the task as started (time_start set) before the child dies
-    attempt = getattr(self.request, "akadze_attempt", None)
+    attempt = attempt_of(self.request)
     if die_on is None or attempt in die_on:
         note(self, "dying", key)
         os.kill(os.getpid(), signal.SIGKILL)

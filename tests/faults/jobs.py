@@ -14,6 +14,7 @@ from typing import Any
 from celery import Task
 
 from examples.tasks import app
+from kombu_akadze import attempt_of, message_id_of
 
 TOUCH = "faults.touch"
 CHECK = "faults.check"
@@ -23,8 +24,8 @@ def ledger(event: str, n: int, task: Task) -> None:
     path = os.environ.get("AKADZE_LEDGER")
     if not path:
         return
-    attempt = getattr(task.request, "akadze_attempt", None)
-    message_id = getattr(task.request, "akadze_message_id", None)
+    attempt = attempt_of(task.request)
+    message_id = message_id_of(task.request)
     with open(path, "a", encoding="utf-8") as f:
         f.write(f"{event} {n} {os.getpid()} {attempt} {message_id} {time.time():.6f}\n")
 
@@ -33,7 +34,7 @@ def ledger(event: str, n: int, task: Task) -> None:
 def touch(self: Task, n: int, seconds: float = 0.0, later_seconds: float | None = None, pad: Any = None) -> int:
     """Sleep *seconds* (*later_seconds* on attempts after the first, if given), then record *n* as done."""
     ledger("start", n, self)
-    attempt = getattr(self.request, "akadze_attempt", None) or 1
+    attempt = attempt_of(self.request) or 1
     wait = seconds if later_seconds is None or attempt <= 1 else later_seconds
     deadline = time.monotonic() + wait
     while (left := deadline - time.monotonic()) > 0:

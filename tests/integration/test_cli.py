@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 
 from kombu_akadze.integrations.testing import eventually
 from kombu_akadze.ops.cli.main import akadze
-from kombu_akadze.store import NewMessage, Store
+from kombu_akadze.store import NewMessage, Store, migrate
 
 OWNER = "consumer-a"
 AKADZE = Path(sys.executable).with_name("akadze")
@@ -221,3 +221,27 @@ def test_metrics_command_serves_prometheus_text(pg_url: str, schema: str, store:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("dead", "purge", "--all", "--yes"), ("dead", "replay", "--all"), ("prune",), ("purge", "q", "--yes")],
+    ids=" ".join,
+)
+def test_commands_that_write_migrate_first_unless_no_migrate(
+    cli: Any, pg_url: str, schema: str, command: tuple[str, ...]
+) -> None:
+    """The transport migrates on first use (auto_migrate); so does every command that writes. A
+    least-privilege role passes --no-migrate and is told what to run."""
+    fresh = f"{schema}_w"
+    try:
+        refused = cli(*command, "--no-migrate", env={"AKADZE_SCHEMA": fresh})
+        assert refused.exit_code == 2, refused.output
+        assert "run `akadze migrate" in refused.output
+        assert migrate.status(pg_url, fresh).current == 0
+        done = cli(*command, env={"AKADZE_SCHEMA": fresh})
+        assert "schema is not there" not in done.output
+        assert migrate.status(pg_url, fresh).up_to_date
+    finally:
+        migrate.drop(pg_url, fresh)
+        migrate.forget_checks()

@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from kombu_akadze.integrations.testing import eventually
 from kombu_akadze.ops import rabbitmq, stats
 from kombu_akadze.ops.cli.main import akadze
-from kombu_akadze.store import Store
+from kombu_akadze.store import Store, migrate
 
 AMQP_URL = os.environ.get("AKADZE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 AKADZE = Path(sys.executable).with_name("akadze")
@@ -293,3 +293,26 @@ def test_move_cli_reports_json_and_refuses_bad_input_with_exit_2(
     not_amqp = run("--from", "redis://localhost:6379/0", "--queues", queue)
     assert not_amqp.exit_code == 2
     assert "use amqp://user:password@host:5672/vhost" in not_amqp.output
+
+
+def test_move_into_a_database_without_the_schema_migrates_it_first_unless_no_migrate(
+    rabbit: kombu.Connection, rabbit_queue: Callable[[], str], pg_url: str, schema: str
+) -> None:
+    """As the transport's auto_migrate: `akadze move` into an empty database creates the schema; with
+    --no-migrate (a least-privilege role) it says what to run instead, and RabbitMQ keeps the messages."""
+    queue = rabbit_queue()
+    publish(rabbit, queue, range(3))
+    fresh = f"{schema}_mv"
+    args = ["move", "--from", AMQP_URL, "--queues", queue, "--url", pg_url, "--schema", fresh]
+    try:
+        refused = CliRunner().invoke(akadze, [*args, "--no-migrate"])
+        assert refused.exit_code == 2, refused.output
+        assert "akadze migrate" in refused.output
+        assert depth(rabbit, queue)[0] == 3
+        moved = CliRunner().invoke(akadze, [*args, "--json"])
+        assert moved.exit_code == 0, moved.output
+        assert json.loads(moved.stdout[moved.stdout.index("{") :])["total"] == 3
+        assert migrate.status(pg_url, fresh).up_to_date
+    finally:
+        migrate.drop(pg_url, fresh)
+        migrate.forget_checks()

@@ -60,10 +60,10 @@ def test_a_claim_whose_reply_was_lost_is_given_back_while_the_consumer_lives(
     )
     assert (completed, duplicated, lost_count) == (sent, 0, 0)
     stranded = {m.id for m in lost}
-    again = [m for m in got if m.headers["akadze_message_id"] in stranded]
+    again = [m for m in got if m.delivery_info["akadze_message_id"] in stranded]
     assert len(again) == 3
     # The lost claim's attempt was given back: the delivery is the first run the consumer saw.
-    assert all(m.headers["akadze_attempt"] == 1 for m in again)
+    assert all(m.delivery_info["akadze_attempt"] == 1 for m in again)
     assert all(m.delivery_info["redelivered"] for m in again)  # run_count 2: fenced off the lost run
     assert heartbeat.unstranded == 3
     assert any("reconcile: 3 message(s)" in r.getMessage() for r in caplog.records)
@@ -100,7 +100,7 @@ def test_what_the_transport_holds_is_never_reconciled_however_long_it_is_held(
 
     _drain(conn, lambda: len(got) == 5, 20, "the four buffered messages")
     assert [m.delivery_info["redelivered"] for m in got] == [False] * 5
-    assert all(m.headers["akadze_attempt"] == 1 for m in got)
+    assert all(m.delivery_info["akadze_attempt"] == 1 for m in got)
     for m in got:
         m.ack()
     _drain(conn, lambda: store.message_counts() == {}, 20, "the acks are written")

@@ -123,11 +123,11 @@ def test_a_get_client_writes_its_ack_with_its_next_get_or_on_its_own_soon_after(
     second = bound.get(no_ack=False)
     assert second is not None
     assert second.payload == {"i": 1}
-    assert store.message_get(first.headers["akadze_message_id"]) is None
+    assert store.message_get(first.delivery_info["akadze_message_id"]) is None
     second.reject(requeue=True)
     again = bound.get(no_ack=False)
     assert again is not None
-    assert again.headers["akadze_message_id"] == second.headers["akadze_message_id"]
+    assert again.delivery_info["akadze_message_id"] == second.delivery_info["akadze_message_id"]
     again.ack()
     eventually(
         lambda: store.message_counts() == {("getter", "ready"): 1}, timeout=30, what="the last ack written unasked"
@@ -159,8 +159,8 @@ def test_reject_with_requeue_returns_the_same_row(make_connection: Any, store: S
     first = q.get(timeout=10)
     first.reject(requeue=True)
     second = q.get(timeout=10)
-    assert second.headers["akadze_message_id"] == first.headers["akadze_message_id"]
-    assert second.headers["akadze_attempt"] == 2
+    assert second.delivery_info["akadze_message_id"] == first.delivery_info["akadze_message_id"]
+    assert second.delivery_info["akadze_attempt"] == 2
     assert second.delivery_info["redelivered"] is True
     assert sum(store.message_counts().values()) == 1
     second.ack()
@@ -199,10 +199,10 @@ def test_closing_the_connection_releases_held_messages_in_place(make_connection:
     _, got = consume(conn, queue, prefetch=3)
     drain_until(conn, lambda: len(got) >= 3)
     got[0].ack()
-    ids_before = {m.headers["akadze_message_id"] for m in got}
+    ids_before = {m.delivery_info["akadze_message_id"] for m in got}
     conn.release()
     assert store.message_counts() == {("rel", "ready"): 4}
-    for mid in ids_before - {got[0].headers["akadze_message_id"]}:
+    for mid in ids_before - {got[0].delivery_info["akadze_message_id"]}:
         row = store.message_get(mid)
         assert row is not None
         assert (row["state"], row["attempts"], row["run_count"]) == ("ready", 0, 1)
@@ -216,13 +216,13 @@ def test_a_stale_ack_changes_nothing_and_names_the_message(
     q = slow.SimpleQueue("fence")
     q.put({"n": 1})
     msg = q.get(timeout=10)
-    mid = msg.headers["akadze_message_id"]
+    mid = msg.delivery_info["akadze_message_id"]
     slow.transport.heartbeat.stop()  # the consumer goes silent, as if SIGSTOPped
 
     fast = make_connection()
     q2 = fast.SimpleQueue("fence")
     newer = q2.get(timeout=30)  # arrives once fast's rescue sees slow's heartbeat expire
-    assert newer.headers["akadze_message_id"] == mid
+    assert newer.delivery_info["akadze_message_id"] == mid
     assert newer.delivery_info["redelivered"] is True
 
     with caplog.at_level(logging.WARNING, logger="kombu_akadze"):
@@ -258,7 +258,7 @@ def test_heartbeat_keeps_the_lease_while_the_consumer_thread_is_blocked(make_con
     threading.Event().wait(2 * hb.ttl)
     assert rescuer_hb.wait_for(lambda h: h.led >= start + 10, timeout=30)  # ten rescue passes ran meanwhile
     assert hb.beats > beats
-    row = store.message_get(msg.headers["akadze_message_id"])
+    row = store.message_get(msg.delivery_info["akadze_message_id"])
     assert row is not None
     assert (row["state"], row["run_count"]) == ("held", 1)
     msg.ack()
@@ -277,7 +277,7 @@ def test_a_silent_consumers_messages_are_rescued_and_redelivered(make_connection
     q2 = alive.SimpleQueue("rescue")
     again = [q2.get(timeout=30) for _ in range(3)]
     assert sorted(m.payload["i"] for m in again) == [0, 1, 2]
-    assert all(m.headers["akadze_attempt"] == 2 for m in again)
+    assert all(m.delivery_info["akadze_attempt"] == 2 for m in again)
     for m in again:
         m.ack()
     eventually(lambda: store.message_counts() == {}, timeout=10, what="the redelivered messages are acked")

@@ -150,3 +150,56 @@ MB = 1024 * 1024
 def test_compaction_is_due_only_for_bloated_indexes_over_a_small_heap(heap: int, index: int, reason: str) -> None:
     got = compact.due(TableSize(heap_bytes=heap, index_bytes=index))
     assert got == reason if not reason else reason in got
+
+
+def test_broker_use_ssl_maps_onto_libpq_tls_settings() -> None:
+    import ssl
+
+    from kombu_akadze.urls import libpq_ssl
+
+    files = {"ca_certs": "/ca.pem", "certfile": "/c.pem", "keyfile": "/k.pem"}
+    required = {"sslrootcert": "/ca.pem", "sslcert": "/c.pem", "sslkey": "/k.pem", "sslmode": "verify-full"}
+    assert libpq_ssl({**files, "cert_reqs": ssl.CERT_REQUIRED}) == required
+    assert libpq_ssl({f"ssl_{k}": v for k, v in files.items()} | {"ssl_cert_reqs": ssl.CERT_REQUIRED}) == required
+    assert libpq_ssl({"ca_certs": "/ca.pem", "cert_reqs": ssl.CERT_OPTIONAL})["sslmode"] == "verify-ca"
+    assert libpq_ssl({"cert_reqs": ssl.CERT_NONE}) == {"sslmode": "require"}
+    assert libpq_ssl({"ca_certs": "/ca.pem", "check_hostname": False})["sslmode"] == "verify-ca"
+    assert libpq_ssl(True) == {"sslmode": "require"}
+    assert libpq_ssl(False) == {}
+    assert libpq_ssl({"sslmode": "verify-ca", "sslrootcert": "/ca"}) == {"sslmode": "verify-ca", "sslrootcert": "/ca"}
+    with pytest.raises(ValueError, match="CERT_REQUIRED"):
+        libpq_ssl({"cert_reqs": "sometimes"})
+
+
+def test_the_url_s_own_libpq_options_win_over_broker_use_ssl() -> None:
+    from kombu_akadze.urls import with_options
+
+    assert with_options("postgresql://h/db?sslmode=disable", {"sslmode": "require", "sslrootcert": "/ca"}) == (
+        "postgresql://h/db?sslmode=disable&sslrootcert=%2Fca"
+    )
+    assert with_options("host=h dbname=db", {"sslmode": "require"}) == "host=h dbname=db sslmode='require'"
+
+
+@pytest.mark.parametrize(
+    ("url", "dsn"),
+    [
+        ("akadze://u:p@h:5432/db", "postgresql://u:p@h:5432/db"),
+        (
+            "akadze://u@h/db?sslmode=require&target_session_attrs=read-write",
+            "postgresql://u@h/db?sslmode=require&target_session_attrs=read-write",
+        ),
+        ("akadze+postgresql://u@a:5432,b:5432/db", "postgresql://u@a:5432,b:5432/db"),
+        ("postgres://h/db", "postgres://h/db"),
+    ],
+)
+def test_both_url_forms_become_libpq_urls(url: str, dsn: str) -> None:
+    assert to_dsn(url) == dsn
+
+
+def test_kombu_parts_only_for_what_kombu_attributes_carry_whole() -> None:
+    from kombu_akadze.urls import Parts, kombu_parts
+
+    assert kombu_parts("akadze://u:p%40ss@h:5433/db") == Parts("h", 5433, "u", "p@ss", "db")
+    assert kombu_parts("akadze://u@h/db?sslmode=require") is None
+    assert kombu_parts("akadze://u@a,b/db") is None
+    assert kombu_parts("akadze://") is None

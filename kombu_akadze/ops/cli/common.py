@@ -14,7 +14,7 @@ import click
 from kombu_akadze import embedded
 from kombu_akadze.errors import AkadzeError
 from kombu_akadze.ops import stats
-from kombu_akadze.store import Store
+from kombu_akadze.store import Store, migrate
 from kombu_akadze.urls import is_embedded, mask_password, to_dsn
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -69,8 +69,23 @@ def db_options(func: F) -> F:
     return url_option(schema_option(json_option(func)))
 
 
+migrate_option = click.option(
+    "--no-migrate",
+    is_flag=True,
+    help="Never create or upgrade the schema (for a least-privilege role): fail when it is not current. "
+    "By default a command that writes migrates first, as the transport does on first use (auto_migrate).",
+)
+
+
+def write_options(func: F) -> F:
+    """The database options of a command that writes: it migrates first unless --no-migrate."""
+    return db_options(migrate_option(func))
+
+
 @contextmanager
-def open_store(url: str | None, schema: str) -> Iterator[Store]:
+def open_store(url: str | None, schema: str, *, auto_migrate: bool | None = None) -> Iterator[Store]:
+    """A store on *url*; a command that writes passes *auto_migrate* (True: apply pending migrations
+    first; False: fail with what to run when the schema is not current), a reader passes nothing."""
     dsn = dsn_of(url)
     store = Store(dsn, schema=schema, role="cli")
     try:
@@ -81,6 +96,8 @@ def open_store(url: str | None, schema: str) -> Iterator[Store]:
             f"cannot connect to PostgreSQL at {mask_password(dsn)}: {mask_password(detail)}; check --url or AKADZE_URL"
         ) from exc
     try:
+        if auto_migrate is not None:
+            migrate.ensure(dsn, schema, auto_migrate=auto_migrate)
         yield store
     finally:
         store.close()

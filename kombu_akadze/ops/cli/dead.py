@@ -9,7 +9,17 @@ from typing import Any
 import click
 
 from kombu_akadze.ops import deadletters, stats
-from kombu_akadze.ops.cli.common import CommandError, F, db_options, duration, emit, friendly, open_store, short
+from kombu_akadze.ops.cli.common import (
+    CommandError,
+    F,
+    db_options,
+    duration,
+    emit,
+    friendly,
+    open_store,
+    short,
+    write_options,
+)
 from kombu_akadze.store import DeadLetterFilter
 
 
@@ -71,17 +81,25 @@ def dead_show(*, message_id: int, url: str | None, schema: str, as_json: bool) -
 
 @dead.command("replay")
 @click.argument("ids", nargs=-1, type=int)
-@db_options
+@write_options
 @_filter_options
 @click.option("--all", "everything", is_flag=True, help="Replay every dead letter (when no IDS or filter).")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Replay at most N (oldest ids first).")
 @friendly
 def dead_replay(
-    *, ids: tuple[int, ...], url: str | None, schema: str, as_json: bool, everything: bool, limit: int | None, **f: Any
+    *,
+    ids: tuple[int, ...],
+    url: str | None,
+    schema: str,
+    as_json: bool,
+    no_migrate: bool,
+    everything: bool,
+    limit: int | None,
+    **f: Any,
 ) -> None:
     """Put dead letters back in their queues as ready (attempts 0, same id); repeating it is harmless."""
     where = _where(ids, f, everything)
-    with open_store(url, schema) as store:
+    with open_store(url, schema, auto_migrate=not no_migrate) as store:
         result = deadletters.replay(store, where, everything=everything, limit=limit)
     text = f"replayed {len(result.replayed)} dead letter(s) into their queues"
     if result.already_live:
@@ -91,17 +109,25 @@ def dead_replay(
 
 @dead.command("purge")
 @click.argument("ids", nargs=-1, type=int)
-@db_options
+@write_options
 @_filter_options
 @click.option("--all", "everything", is_flag=True, help="Purge every dead letter (when no IDS or filter).")
 @click.option("--yes", is_flag=True, help="Really delete (without it: say how many would go).")
 @friendly
 def dead_purge(
-    *, ids: tuple[int, ...], url: str | None, schema: str, as_json: bool, everything: bool, yes: bool, **f: Any
+    *,
+    ids: tuple[int, ...],
+    url: str | None,
+    schema: str,
+    as_json: bool,
+    no_migrate: bool,
+    everything: bool,
+    yes: bool,
+    **f: Any,
 ) -> None:
     """Delete dead letters matching IDS or the filters."""
     where = _where(ids, f, everything)
-    with open_store(url, schema) as store:
+    with open_store(url, schema, auto_migrate=not no_migrate) as store:
         if not yes:
             n = deadletters.count(store, where)
             raise CommandError(f"would delete {n} dead letter(s) of schema {schema!r}; pass --yes to delete them")

@@ -24,6 +24,7 @@ from kombu_akadze.ops.cli.common import (
     schema_option,
     ttl_option,
     url_option,
+    write_options,
 )
 from kombu_akadze.ops.cli.dead import dead
 from kombu_akadze.store import migrate
@@ -142,12 +143,12 @@ akadze.add_command(dead)
 
 @akadze.command("purge")
 @click.argument("queue")
-@db_options
+@write_options
 @click.option("--yes", is_flag=True, help="Really delete (without it: say how many would go).")
 @friendly
-def purge_cmd(*, queue: str, url: str | None, schema: str, as_json: bool, yes: bool) -> None:
+def purge_cmd(*, queue: str, url: str | None, schema: str, as_json: bool, no_migrate: bool, yes: bool) -> None:
     """Delete a queue's ready (and delayed) messages, like RabbitMQ's purge; held ones stay with consumers."""
-    with open_store(url, schema) as store:
+    with open_store(url, schema, auto_migrate=not no_migrate) as store:
         known = {q.queue: q for q in stats.queue_stats(store)}
         if queue not in known:
             names = ", ".join(sorted(known)) or "none"
@@ -160,7 +161,7 @@ def purge_cmd(*, queue: str, url: str | None, schema: str, as_json: bool, yes: b
 
 
 @akadze.command("prune")
-@db_options
+@write_options
 @click.option(
     "--days",
     type=click.FloatRange(min=0, min_open=True),
@@ -169,9 +170,9 @@ def purge_cmd(*, queue: str, url: str | None, schema: str, as_json: bool, yes: b
     help="Delete dead letters buried more than this many days ago.",
 )
 @friendly
-def prune_cmd(*, url: str | None, schema: str, as_json: bool, days: float) -> None:
+def prune_cmd(*, url: str | None, schema: str, as_json: bool, no_migrate: bool, days: float) -> None:
     """Delete old dead letters (for cron)."""
-    with open_store(url, schema) as store:
+    with open_store(url, schema, auto_migrate=not no_migrate) as store:
         pruned = deadletters.prune(store, days=days)
     emit({"pruned": pruned, "days": days}, as_json, f"deleted {pruned} dead letter(s) older than {days:g} days")
 
@@ -198,7 +199,7 @@ def compact_cmd(*, url: str | None, schema: str, as_json: bool, force: bool) -> 
 @akadze.command("move")
 @click.option("--from", "source", required=True, envvar="AKADZE_MOVE_FROM", help="RabbitMQ URL, amqp://...")
 @click.option("--queues", required=True, help="Comma-separated RabbitMQ queue names (same names in akadze).")
-@db_options
+@write_options
 @click.option("--dry-run", is_flag=True, help="Count the messages only (fetched without ack, then requeued).")
 @click.option(
     "--batch",
@@ -209,13 +210,15 @@ def compact_cmd(*, url: str | None, schema: str, as_json: bool, force: bool) -> 
 )
 @click.option("--max-rate", type=click.FloatRange(min=0, min_open=True), help="Ceiling in messages per second.")
 @friendly
-def move_cmd(*, source: str, queues: str, url: str | None, schema: str, as_json: bool, **options: Any) -> None:
+def move_cmd(
+    *, source: str, queues: str, url: str | None, schema: str, as_json: bool, no_migrate: bool, **options: Any
+) -> None:
     """Drain RabbitMQ queues into akadze; nothing is acked before PostgreSQL committed it. Rerun to resume."""
     names = [q.strip() for q in queues.split(",") if q.strip()]
     if not names:
         raise click.UsageError("--queues needs at least one name, e.g. --queues celery,emails")
     reporter = rabbitmq.ProgressPrinter(sys.stderr)
-    with open_store(url, schema) as store:
+    with open_store(url, schema, auto_migrate=not no_migrate) as store:
         try:
             result = rabbitmq.move(source, store, names, progress=reporter, **options)
         except KeyboardInterrupt:
