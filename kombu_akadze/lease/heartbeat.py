@@ -158,7 +158,10 @@ class Heartbeat:
                 self.led += self.leader
             self._changed.notify_all()
         if self.on_beat is not None:
-            self.on_beat()
+            try:  # the owner's work (writing buffered outcomes) must never end the heartbeat thread
+                self.on_beat()
+            except Exception:
+                logger.exception("kombu-akadze: work after the heartbeat of %s failed; beating on", self.consumer_id)
 
     def wait_for(self, predicate: Callable[[Heartbeat], bool], timeout: float) -> bool:
         """Block until *predicate(self)* holds (tests wait on beats and rescues, never sleep)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections import deque
 from datetime import datetime, timedelta, timezone
 from queue import Empty
 from typing import TYPE_CHECKING, Any
@@ -12,10 +13,11 @@ from kombu.transport import virtual
 from kombu.utils import json as kombu_json
 
 from kombu_akadze.errors import MessageTooLargeError, QueueFullError
-from kombu_akadze.store import NewMessage, Store
+from kombu_akadze.store import ClaimedMessage, NewMessage, Store
 from kombu_akadze.transport.delivery import payload_of
 from kombu_akadze.transport.exchanges import ExchangeMixin, milliseconds
-from kombu_akadze.transport.qos import QoS, parse_tag
+from kombu_akadze.transport.qos import QoS as AkadzeQoS
+from kombu_akadze.transport.qos import parse_tag
 
 if TYPE_CHECKING:
     from kombu_akadze.transport import Transport
@@ -46,10 +48,30 @@ AMQP_PROPERTIES = frozenset(
 class Channel(ExchangeMixin, virtual.Channel):
     """A kombu channel whose queues are rows of the messages table."""
 
-    QoS = QoS
+    QoS = AkadzeQoS
     connection: Transport
     # Bodies are stored as bytea, so no base64 detour.
     body_encoding = None  # type: ignore[assignment]
+
+    def __init__(self, connection: Transport, **kwargs: Any) -> None:
+        #: Messages claimed for this channel and not yet handed to its consumer (held; they count
+        #: against its prefetch window, and a close gives them back in place).
+        self.claimed: deque[ClaimedMessage] = deque()
+        super().__init__(connection, **kwargs)
+
+    # -- what the transport reads of kombu's channel state (one place each) ----
+
+    def consuming(self) -> bool:
+        """Whether some consumer is registered on this channel."""
+        return bool(self._consumers)
+
+    def consumed_queues(self) -> list[str]:
+        """The queues this channel's consumers consume, each once, in consume order."""
+        return list(dict.fromkeys(self._active_queues))
+
+    def existing_qos(self) -> AkadzeQoS | None:
+        """This channel's QoS if kombu made one (a channel that never consumed or settled has none)."""
+        return self._qos
 
     @property
     def store(self) -> Store:
@@ -176,15 +198,7 @@ class Channel(ExchangeMixin, virtual.Channel):
     def basic_consume(self, queue: str, no_ack: bool, callback: Any, consumer_tag: str, **kwargs: Any) -> Any:
         result = super().basic_consume(queue, no_ack, callback, consumer_tag, **kwargs)
         if no_ack:
-            # kombu tracks (and so acks) only deliveries of ack-mode consumers: without this the row of a
-            # no_ack delivery (Celery's pidbox) stayed held, and was rescued and replayed once its worker left.
-            deliver = self.connection._callbacks[queue]
-
-            def forget_then_deliver(raw_message: dict[str, Any]) -> Any:
-                self.qos.forget(raw_message["properties"]["delivery_tag"])
-                return deliver(raw_message)
-
-            self.connection._callbacks[queue] = forget_then_deliver
+            self.connection.deliver_without_ack(queue, self.qos)
         self.store.queue_touch(queues=[queue])
         return result
 
@@ -198,8 +212,9 @@ class Channel(ExchangeMixin, virtual.Channel):
         """Buffered (claimed, not yet delivered) messages go back first; then kombu restores the unacked."""
         if not self.closed and self.connection is not None:
             self.connection.deliverer.release_buffered(self)
-            if self._qos is not None:
-                self._qos.flush_at_close()  # logs an error it cannot fix: the close goes on
+            qos = self.existing_qos()
+            if qos is not None:
+                qos.flush_at_close()  # logs an error it cannot fix: the close goes on
         super().close()
 
     def _restore(self, message: Any) -> None:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
+from kombu_akadze.consume import rounds
+from kombu_akadze.consume.rounds import Round, Window
 from kombu_akadze.errors import AkadzeError
 from kombu_akadze.store import ClaimedMessage, Store
 from kombu_akadze.transport.qos import make_tag
+
+if TYPE_CHECKING:
+    from kombu_akadze.transport.channel import Channel
 
 logger = logging.getLogger("kombu_akadze")
 
@@ -41,53 +44,10 @@ def payload_of(message: ClaimedMessage) -> dict[str, Any]:
     }
 
 
-def buffer_of(channel: Any) -> deque[ClaimedMessage]:
-    """Messages claimed for *channel* and not yet handed to its consumer (held, counted as prefetched)."""
-    buffered: deque[ClaimedMessage] | None = getattr(channel, "_akadze_claimed", None)
-    if buffered is None:
-        buffered = deque()
-        channel._akadze_claimed = buffered
-    return buffered
-
-
-def free_slots(channel: Any, claim_batch: int) -> int:
-    """How many more messages *channel* may hold: its prefetch window minus what it holds and buffers."""
-    if not channel._consumers:
-        return 0
-    qos = channel.qos
-    buffered = len(buffer_of(channel))
-    if not qos.prefetch_count:
-        return max(claim_batch - buffered, 0)
-    return max((qos.can_consume_max_estimate() or 0) - buffered, 0)
-
-
-def split_slots(free: int, queues: int) -> list[int]:
-    """Share *free* slots between *queues* as evenly as possible, earlier queues first."""
-    base, extra = divmod(free, queues)
-    return [base + (1 if i < extra else 0) for i in range(queues)]
-
-
-def rotate(items: list[str], by: int) -> list[str]:
-    if not items:
-        return []
-    k = by % len(items)
-    return items[k:] + items[:k]
-
-
-@dataclass
-class Round:
-    """One claim round's plan: slots per queue, the channel each queue's messages go to."""
-
-    wanted: dict[str, int] = field(default_factory=dict)
-    owner_of: dict[str, Any] = field(default_factory=dict)
-    #: Some channel's window was full: a claim as soon as a slot frees may find more.
-    more: bool = False
-    #: Some queue got no slot this round (fewer free slots than queues).
-    left_out: bool = False
-
-
 class Deliverer:
-    """Owns the claim-buffer-deliver cycle of one transport (one kombu connection)."""
+    """Owns the claim-buffer-deliver cycle of one transport (one kombu connection): plans each claim
+    round over the consuming channels (consume.rounds), buffers what a claim got on the channel it was
+    claimed for, and hands one buffered message at a time to its consumer."""
 
     def __init__(
         self,
@@ -95,7 +55,7 @@ class Deliverer:
         store: Store,
         claim: Callable[[list[str], list[int]], list[ClaimedMessage]],
         callbacks: dict[str, Callable[[dict[str, Any]], Any]],
-        channels: Callable[[], list[Any]],
+        channels: Callable[[], list[Channel]],
         claim_batch: int,
         owner: str,
     ) -> None:
@@ -107,46 +67,45 @@ class Deliverer:
         self.claim_batch = claim_batch
         self._rotation = 0
 
+    def free_slots(self, channel: Channel) -> int:
+        """How many more messages *channel* may hold: its prefetch window less what it holds and buffers
+        (claim_batch without a prefetch limit)."""
+        buffered = len(channel.claimed)
+        qos = channel.qos
+        if not qos.prefetch_count:
+            return max(self.claim_batch - buffered, 0)
+        return max((qos.can_consume_max_estimate() or 0) - buffered, 0)
+
+    def _windows(self) -> list[Window]:
+        return [
+            Window(owner=channel, queues=channel.consumed_queues(), free=self.free_slots(channel))
+            for channel in self.channels()
+            if channel.consuming()
+        ]
+
     def has_free_slot(self) -> bool:
-        return any(free_slots(c, self.claim_batch) > 0 for c in self.channels())
+        return any(window.free > 0 for window in self._windows())
 
     def buffered(self) -> int:
-        return sum(len(buffer_of(c)) for c in self.channels())
+        return sum(len(c.claimed) for c in self.channels())
 
     def plan_round(self) -> Round:
-        """What one claim statement should ask for: every consuming channel's free slots, shared fairly
-        between its queues (rotated each round). Writes the buffered burials and requeues first; acks
-        are left to ride along in the claim statement."""
-        plan = Round()
+        """What one claim statement should ask for (see consume.rounds.plan), rotated each round. Writes
+        the buffered burials and requeues first; acks are left to ride along in the claim statement."""
         for channel in self.channels():
             channel.qos.flush(("bury", "requeue"))
-            if not channel._consumers:
-                continue
-            free = free_slots(channel, self.claim_batch)
-            if free <= 0:
-                plan.more = True
-                continue
-            queues = rotate(list(dict.fromkeys(channel._active_queues)), self._rotation)
-            for queue, n in zip(queues, split_slots(free, len(queues)), strict=True):
-                if n <= 0:
-                    plan.left_out = True
-                elif queue not in plan.wanted:
-                    plan.wanted[queue] = n
-                    plan.owner_of[queue] = channel
+        plan = rounds.plan(self._windows(), self._rotation)
         self._rotation += 1
         return plan
 
     def finish_round(self, plan: Round, claimed: list[ClaimedMessage]) -> tuple[int, bool]:
-        """Buffer what the claim of *plan* got. Returns (claimed, more): *more* when some claim filled
-        its slots or some channel's window was full, i.e. a claim as soon as a slot frees may find more."""
+        """Buffer what the claim of *plan* got on the channels it was claimed for. Returns (claimed, more):
+        *more* when claiming again at once may find more (see Round.more)."""
         got: dict[str, int] = {}
         for message in claimed:
-            buffer_of(plan.owner_of[message.queue]).append(message)
+            cast("Channel", plan.owner_of[message.queue]).claimed.append(message)
             got[message.queue] = got.get(message.queue, 0) + 1
-        more = plan.more or any(got.get(q, 0) >= n for q, n in plan.wanted.items())
-        # Slots left free while some queue was not asked: the next round (rotated) asks it at once.
-        more = more or (plan.left_out and len(claimed) < sum(plan.wanted.values()))
-        return len(claimed), more
+        return len(claimed), plan.more(got)
 
     def claim_round(self) -> tuple[int, bool]:
         """One claim statement, on the caller's thread, for every consuming channel (see plan_round)."""
@@ -154,13 +113,13 @@ class Deliverer:
         if not plan.wanted:
             for channel in self.channels():
                 channel.qos.flush(("ack",))  # no claim to carry them: write the acks on their own
-            return 0, plan.more
+            return 0, plan.full
         return self.finish_round(plan, self.claim(list(plan.wanted), list(plan.wanted.values())))
 
     def deliver_one(self) -> bool:
         """Hand one buffered message to its consumer; False when nothing was buffered."""
         for channel in self.channels():
-            buffered = buffer_of(channel)
+            buffered = channel.claimed
             while buffered:
                 message = buffered.popleft()
                 callback = self.callbacks.get(message.queue)
@@ -171,8 +130,8 @@ class Deliverer:
                 return True
         return False
 
-    def release_buffered(self, channel: Any) -> None:
-        buffered = buffer_of(channel)
+    def release_buffered(self, channel: Channel) -> None:
+        buffered = channel.claimed
         messages = list(buffered)
         buffered.clear()
         if messages:

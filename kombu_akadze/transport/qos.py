@@ -1,14 +1,14 @@
-"""QoS: delivery tags are (row id, run_count); ack, reject and restore are fenced statements on the same row."""
+"""QoS: kombu's prefetch window; delivery tags are (row id, run_count); outcomes are buffered (consume.outcomes)
+and written as fenced statements on the row the tag names, never a copy."""
 
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from typing import TYPE_CHECKING, Any
 
 from kombu.transport import virtual
 
+from kombu_akadze.consume.outcomes import KINDS, OutcomeBuffer
 from kombu_akadze.errors import AkadzeError, TransientDatabaseError
 from kombu_akadze.store import Tag
 
@@ -47,11 +47,7 @@ class QoS(virtual.QoS):
 
     def __init__(self, channel: Channel, prefetch_count: int = 0) -> None:
         super().__init__(channel, prefetch_count)
-        self._pending_lock = threading.Lock()
-        self._pending: list[tuple[str, str]] = []
-        #: Outcomes taken from _pending and being written right now (see tracked_ids).
-        self._writing: list[str] = []
-        self._pending_since = 0.0
+        self.outcomes = OutcomeBuffer()
         # Kept past the channel's close (kombu sets channel.connection to None): a task that was running
         # when Celery dropped a broken connection still settles its message, fenced, on this transport.
         self._transport = channel.connection
@@ -69,10 +65,7 @@ class QoS(virtual.QoS):
 
     def _settle(self, kind: str, delivery_tag: str, *, tracked: bool = True) -> None:
         parse_tag(delivery_tag)  # a foreign tag fails here, loudly, before anything is buffered
-        with self._pending_lock:
-            if not self._pending:
-                self._pending_since = time.monotonic()
-            self._pending.append((kind, delivery_tag))
+        self.outcomes.add(kind, delivery_tag)
         if tracked:
             self._quick_ack(delivery_tag)  # the prefetch slot is free now; the row follows at the flush
         if self.channel.connection is None:
@@ -96,9 +89,7 @@ class QoS(virtual.QoS):
 
     def due(self, batch: int, delay: float) -> bool:
         """Whether buffered outcomes should be written now: *batch* of them, or the oldest *delay* s old."""
-        with self._pending_lock:
-            n = len(self._pending)
-        return n >= batch or (n > 0 and time.monotonic() - self._pending_since >= delay)
+        return self.outcomes.due(batch, delay)
 
     def holds_unsettled(self) -> bool:
         """Some message was delivered to this channel and not acked, rejected or requeued yet."""
@@ -106,59 +97,16 @@ class QoS(virtual.QoS):
 
     @property
     def pending(self) -> int:
-        with self._pending_lock:
-            return len(self._pending)
+        return self.outcomes.pending
 
-    def tracked_ids(self) -> set[int]:
+    def held_ids(self) -> set[int]:
         """Row ids this channel holds: delivered and not settled, or settled with the outcome not yet
         written (buffered, or being written). The heartbeat's reconcile leaves them alone."""
-        with self._pending_lock:
-            tags = [dtag for _, dtag in self._pending] + self._writing
-        tags += list(self._delivered)
-        return {parse_tag(dtag)[0] for dtag in tags}
+        return {parse_tag(tag)[0] for tag in [*self.outcomes.tags(), *list(self._delivered)]}
 
-    def take_acks(self) -> list[str]:
-        """Hand the buffered acks to a combined ack+claim statement (see acks_written, acks_failed)."""
-        with self._pending_lock:
-            acks = [dtag for kind, dtag in self._pending if kind == "ack"]
-            self._pending = [(kind, dtag) for kind, dtag in self._pending if kind != "ack"]
-            self._writing += acks
-        return acks
-
-    def acks_written(self, dtags: list[str], done: set[int]) -> None:
-        self._written(dtags)
-        self._report("ack", [parse_tag(d) for d in dtags], done)
-
-    def acks_failed(self, dtags: list[str]) -> None:
-        with self._pending_lock:
-            self._pending[:0] = [("ack", d) for d in dtags]
-        self._written(dtags)
-
-    def _written(self, dtags: list[str]) -> None:
-        with self._pending_lock:
-            for dtag in dtags:
-                self._writing.remove(dtag)
-
-    def flush(self, kinds: tuple[str, ...] = ("ack", "bury", "requeue")) -> int:
+    def flush(self, kinds: tuple[str, ...] = KINDS) -> int:
         """Write the buffered outcomes of *kinds*, one statement per kind; returns how many still wait."""
-        with self._pending_lock:
-            batch = [(k, d) for k, d in self._pending if k in kinds]
-            self._pending = [(k, d) for k, d in self._pending if k not in kinds]
-            writing = [d for _, d in batch]
-            self._writing += writing
-        if not batch:
-            return 0
-        failed: list[tuple[str, str]] = []
-        try:
-            for kind in kinds:
-                dtags = [dtag for k, dtag in batch if k == kind]
-                if dtags and not self._write(kind, dtags):
-                    failed.extend((kind, dtag) for dtag in dtags)
-        finally:
-            with self._pending_lock:
-                self._pending[:0] = failed
-            self._written(writing)
-        return len(failed)
+        return self.outcomes.flush(self._write, kinds)
 
     def _write(self, kind: str, dtags: list[str]) -> bool:
         tags = [parse_tag(d) for d in dtags]
@@ -187,10 +135,11 @@ class QoS(virtual.QoS):
                 kind,
             )
             return False
-        self._report(kind, tags, done)
+        self.report(kind, tags, done)
         return True
 
-    def _report(self, kind: str, tags: list[tuple[int, int]], done: set[int]) -> None:
+    def report(self, kind: str, tags: list[tuple[int, int]], done: set[int]) -> None:
+        """Log every outcome that changed nothing (fenced: the run is not ours any more)."""
         for message_id, run_count in tags:
             if message_id not in done:
                 logger.warning(
@@ -211,10 +160,6 @@ class QoS(virtual.QoS):
             self.flush()
         except AkadzeError as exc:
             logger.error("kombu-akadze: buffered outcomes could not be written at close (%s); closing anyway", exc)
-
-    def retry_pending(self) -> int:
-        """Write again the outcomes that failed transiently; returns how many are still pending."""
-        return self.flush()
 
     def restore_unacked_once(self, stderr: Any = None) -> None:
         """At close: write buffered outcomes even when nothing is left unacked (kombu skips then)."""

@@ -73,7 +73,6 @@ import logging
 import os
 import select
 import socket
-import threading
 import time
 import uuid
 from typing import Any
@@ -84,25 +83,23 @@ from kombu.transport import virtual
 from kombu.utils.objects import cached_property
 
 from kombu_akadze import embedded
-from kombu_akadze.consume.events import HubDriver, Listener, Waker, jittered
+from kombu_akadze.consume.driver import HubDriver
 from kombu_akadze.consume.flusher import DelayedFlush
-from kombu_akadze.errors import AkadzeError, ConfigurationError, TransientDatabaseError
-from kombu_akadze.lease.compact import Compactor
+from kombu_akadze.consume.listener import Listener
+from kombu_akadze.consume.outcomes import KINDS
+from kombu_akadze.consume.wakeups import Waker, jittered
+from kombu_akadze.errors import ConfigurationError, TransientDatabaseError
 from kombu_akadze.lease.heartbeat import Heartbeat
-from kombu_akadze.lease.vacuum import Vacuumer
 from kombu_akadze.options import Options
 from kombu_akadze.store import DRIVER_VERSION, ClaimedMessage, Store, migrate
-from kombu_akadze.transport.channel import Channel
-from kombu_akadze.transport.delivery import Deliverer, Round, buffer_of
-from kombu_akadze.transport.qos import QoS, parse_tag
+from kombu_akadze.transport.channel import Channel as AkadzeChannel
+from kombu_akadze.transport.claims import ClaimCycle
+from kombu_akadze.transport.consumer import ConsumerLease
+from kombu_akadze.transport.delivery import Deliverer
+from kombu_akadze.transport.qos import QoS
 from kombu_akadze.urls import adopt_parts, display_uri, dsn_for
 
 logger = logging.getLogger("kombu_akadze")
-
-
-def _tags_of(taken: list[tuple[QoS, list[str]]]) -> list[tuple[int, int]]:
-    return [parse_tag(d) for _, dtags in taken for d in dtags]
-
 
 #: A draining kombu consumer writes buffered outcomes once this many wait, or the oldest is this old.
 OUTCOME_BATCH = 64
@@ -110,9 +107,11 @@ OUTCOME_DELAY = 0.02
 
 
 class Transport(virtual.Transport):
-    """PostgreSQL transport; one instance per kombu connection."""
+    """PostgreSQL transport; one instance per kombu connection. It wires the parts together: the store
+    (sessions), the Deliverer (claim rounds, per-channel buffers), the ClaimCycle (the ack+claim
+    statement), the ConsumerLease (heartbeat, LISTEN) and, under Celery, the event-loop driver."""
 
-    Channel = Channel
+    Channel = AkadzeChannel
     can_parse_url = True
     default_port = 5432  # type: ignore[assignment]
     driver_type = "akadze"
@@ -137,24 +136,24 @@ class Transport(virtual.Transport):
         self.fenced_outcomes = 0
         #: Entities this connection declared already (exchanges, bindings), to skip repeats.
         self.declared: set[tuple[Any, ...]] = set()
-        self._heartbeat: Heartbeat | None = None
-        self._listener: Listener | None = None
-        self._consumer_lock = threading.Lock()
-        self._claims_in_flight = 0  # guarded by _consumer_lock: an idle heartbeat stops only between claims
-        self._rotation = 0
         self._driver: HubDriver | None = None
-        #: The claim round in flight on the command session, and the acks riding in it (event-loop path).
-        self._pending_claim: tuple[Round, list[tuple[QoS, list[str]]]] | None = None
-        #: Its outcome once read: (True, (claimed, acked ids)) or (False, the error it raised).
-        self._claim_outcome: tuple[bool, Any] | None = None
-        #: How many messages the last event-loop claim got (acks-only rounds leave it alone).
-        self._last_claimed = 0
         self._draining = False  # set once drain_events runs: outcomes may then wait for its flush
         #: Anyone else's outcomes (basic_get): with the next claim, or OUTCOME_DELAY s after the first.
         self._delayed_flush = DelayedFlush(self.flush_outcomes, OUTCOME_DELAY)
         self.waker = Waker()
         #: exchange -> monotonic time until which it is known to have no bound queue (events only).
         self.unbound_until: dict[str, float] = {}
+        self.lease = ConsumerLease(
+            options=self.options,
+            consumer_id=self.consumer_id,
+            new_store=self._new_store,
+            waker=self.waker,
+            queues=self.consumed_queues,
+            held=self._held_ids,
+            holds_nothing=self._holds_nothing,
+            on_beat=self._flush_from_heartbeat,
+            looping=lambda: self._driver is not None,
+        )
 
     # -- connection ---------------------------------------------------------
 
@@ -174,14 +173,6 @@ class Transport(virtual.Transport):
         store.on_claim_landing = self._claim_landing
         return store
 
-    def _claim_landing(self) -> None:
-        """Another statement on the command session is about to wait for the claim in flight (see
-        Store._land_in_flight): the loop stops watching that socket, and collects the outcome next tick."""
-        driver = self._driver
-        if driver is not None and driver.on_loop_thread():
-            driver.unwatch_claim()
-        self.waker.wake()
-
     @cached_property
     def deliverer(self) -> Deliverer:
         return Deliverer(
@@ -190,6 +181,17 @@ class Transport(virtual.Transport):
             callbacks=self._callbacks,
             channels=lambda: list(self.channels),
             claim_batch=self.options.claim_batch,
+            owner=self.consumer_id,
+        )
+
+    @cached_property
+    def claims(self) -> ClaimCycle:
+        return ClaimCycle(
+            store=self.store,
+            deliverer=self.deliverer,
+            lease=self.lease,
+            qoses=self._qoses,
+            flush_outcomes=self.flush_outcomes,
             owner=self.consumer_id,
         )
 
@@ -220,69 +222,6 @@ class Transport(virtual.Transport):
         self.store.connection()
         return super().establish_connection()
 
-    def register_with_event_loop(self, connection: Any, loop: Any) -> None:
-        """Celery's worker runs its event loop (asynloop): wake-ups come from the LISTEN socket."""
-        self._ensure_consumer()
-        assert self._listener is not None
-        if self._driver is not None:
-            self._driver.stop()
-        self._driver = HubDriver(
-            hub=loop,
-            listener=self._listener,
-            claims=self,
-            deliver_one=self.deliverer.deliver_one,
-            has_free_slot=self.deliverer.has_free_slot,
-            poll_interval=self.options.poll_interval,
-            listen_poll_interval=self.options.listen_poll_interval,
-            waker=self.waker,
-            check=self.check_lease,
-        )
-        self._driver.start()
-
-    def unregister_from_event_loop(self, connection: Any, loop: Any) -> None:
-        driver, self._driver = self._driver, None
-        if driver is not None:
-            driver.stop()
-
-    def outcome_flush_scheduled(self) -> bool:
-        """Whether a buffered outcome will be written by someone else soon (False: write it now).
-
-        With Celery's event loop the outcomes of one tick go out together, then a claim. A kombu
-        consumer that drains (drain_events) flushes at its next claim, after OUTCOME_BATCH outcomes
-        or OUTCOME_DELAY seconds, and its heartbeat thread at every beat. Anyone else (basic_get)
-        writes its acks with its next get, or after OUTCOME_DELAY seconds on the DelayedFlush thread
-        if no get comes first: one round trip per get+ack instead of two (867 -> 1,370 get+acks/s here).
-        """
-        driver = self._driver
-        if driver is not None and driver.running:
-            driver.wake()
-            return True
-        if self._draining:
-            self.waker.wake()
-            return True
-        self._delayed_flush.arm()
-        return True
-
-    def wake(self, *, ready: bool = False) -> None:
-        """Make the consuming loop run now (and claim, if *ready*)."""
-        driver = self._driver
-        if driver is not None and driver.running:
-            driver.wake(ready=ready)
-        else:
-            self.waker.wake()
-
-    def flush_outcomes(self, *, force: bool = True, kinds: tuple[str, ...] = ("ack", "bury", "requeue")) -> None:
-        for channel in list(self.channels):
-            qos = channel._qos
-            if qos is not None and (force or qos.due(OUTCOME_BATCH, OUTCOME_DELAY)):
-                qos.flush(kinds)
-
-    def waker_wait(self, timeout: float) -> None:
-        """Sleep up to *timeout*, returning early when an outcome frees a slot."""
-        ready, _, _ = select.select([self.waker.fileno()], [], [], max(timeout, 0.0))
-        if ready:
-            self.waker.drain()
-
     def close_connection(self, connection: Any) -> None:
         """Write the buffered outcomes, close the channels (held messages go back in place), stop the
         heartbeat and remove the consumer row. An error writing the outcomes is logged and the close goes
@@ -300,7 +239,7 @@ class Transport(virtual.Transport):
         try:
             super().close_connection(connection)  # closes channels: held messages released in place
         finally:
-            self._stop_consumer()
+            self.lease.stop(self.store)
             self.store.close()
 
     def as_uri(self, uri: str, include_password: bool = False, mask: str = "**") -> str:
@@ -312,62 +251,71 @@ class Transport(virtual.Transport):
     def new_name(self) -> str:
         return uuid.uuid4().hex
 
+    # -- what the connection's channels hold ----------------------------------
+
+    def _channels(self) -> list[AkadzeChannel]:
+        return list(self.channels)
+
+    def _qoses(self) -> list[QoS]:
+        return [qos for channel in self._channels() if (qos := channel.existing_qos()) is not None]
+
     def consumed_queues(self) -> list[str]:
         """Every queue a channel of this connection consumes (the heartbeat marks them in use)."""
-        return list(dict.fromkeys(q for channel in list(self.channels) for q in channel._active_queues))
+        return list(dict.fromkeys(q for channel in self._channels() for q in channel.consumed_queues()))
 
-    # -- consumer lease -----------------------------------------------------
-
-    @property
-    def heartbeat(self) -> Heartbeat | None:
-        return self._heartbeat
-
-    def _ensure_consumer(self) -> None:
-        """Register this connection as a consumer and start its heartbeat, on first claim only."""
-        if self._heartbeat is not None and self._heartbeat.running:
-            return
-        with self._consumer_lock:
-            if self._heartbeat is not None and self._heartbeat.running:
-                return
-            opts = self.options
-            store = self._new_store("heartbeat")
-            heartbeat = Heartbeat(
-                store=store,
-                consumer_id=self.consumer_id,
-                hostname=socket.gethostname(),
-                pid=os.getpid(),
-                interval=opts.heartbeat_interval,
-                ttl=opts.heartbeat_ttl,
-                rescue_interval=opts.rescue_interval,
-                max_attempts=opts.max_attempts,
-                queues=self.consumed_queues,
-                tracked=self.tracked_ids,
-                compactor=Compactor(store, interval=opts.compact_interval) if opts.compact_interval else None,
-                vacuumer=Vacuumer(lambda: self._new_store("vacuum")),
-            )
-            heartbeat.on_beat = self._flush_from_heartbeat
-            heartbeat.on_tick = lambda: self._stop_if_idle(heartbeat)
-            heartbeat.start()
-            self._heartbeat = heartbeat
-            if self._listener is None:
-                self._listener = Listener(self._new_store("listen"), enabled=opts.listen, waker=self.waker)
-
-    def tracked_ids(self) -> set[int] | None:
+    def _held_ids(self) -> set[int]:
         """Every row id this connection holds: claimed and buffered, delivered and unsettled, or with an
-        outcome still to write. None while a claim is in flight (its rows are not buffered yet). Runs on
-        the heartbeat thread, whose reconcile gives back what this consumer holds and does not know."""
-        if self._claims_in_flight:
-            return None
+        outcome still to write (a buffer that changes size as it is read raises RuntimeError)."""
         ids: set[int] = set()
-        try:
-            for channel in list(self.channels):
-                ids.update(m.id for m in list(buffer_of(channel)))
-                qos = channel._qos
-                if qos is not None:
-                    ids |= qos.tracked_ids()
-        except RuntimeError:  # a buffer changed size as it was read: no reconcile this pass
-            return None
-        return None if self._claims_in_flight else ids
+        for channel in self._channels():
+            ids.update(m.id for m in list(channel.claimed))
+        for qos in self._qoses():
+            ids |= qos.held_ids()
+        return ids
+
+    def _holds_nothing(self) -> bool:
+        """No queue consumed, no message claimed and unsettled, no outcome waiting to be written."""
+        if self.consumed_queues() or self.deliverer.buffered():
+            return False
+        return not any(qos.holds_unsettled() or qos.pending for qos in self._qoses())
+
+    def deliver_without_ack(self, queue: str, qos: QoS) -> None:
+        """A no_ack consumer's deliveries are forgotten as they are handed over: kombu tracks (and so
+        acks) only deliveries of ack-mode consumers, and the row of a no_ack delivery (Celery's pidbox)
+        stayed held, to be rescued and replayed once its worker left."""
+        deliver = self._callbacks[queue]
+
+        def forget_then_deliver(raw_message: dict[str, Any]) -> Any:
+            qos.forget(raw_message["properties"]["delivery_tag"])
+            return deliver(raw_message)
+
+        self._callbacks[queue] = forget_then_deliver
+
+    # -- outcomes and wake-ups ------------------------------------------------
+
+    def outcome_flush_scheduled(self) -> bool:
+        """Whether a buffered outcome will be written by someone else soon (False: write it now).
+
+        With Celery's event loop the outcomes of one tick go out together, then a claim. A kombu
+        consumer that drains (drain_events) flushes at its next claim, after OUTCOME_BATCH outcomes
+        or OUTCOME_DELAY seconds, and its heartbeat thread at every beat. Anyone else (basic_get)
+        writes its acks with its next get, or after OUTCOME_DELAY seconds on the DelayedFlush thread
+        if no get comes first: one round trip per get+ack instead of two.
+        """
+        driver = self._driver
+        if driver is not None and driver.running:
+            driver.wake()
+            return True
+        if self._draining:
+            self.waker.wake()
+            return True
+        self._delayed_flush.arm()
+        return True
+
+    def flush_outcomes(self, *, force: bool = True, kinds: tuple[str, ...] = KINDS) -> None:
+        for qos in self._qoses():
+            if force or qos.due(OUTCOME_BATCH, OUTCOME_DELAY):
+                qos.flush(kinds)
 
     def _flush_from_heartbeat(self) -> None:
         """Outcomes of a kombu consumer that stopped draining, or that DelayedFlush could not write, still
@@ -375,243 +323,89 @@ class Transport(virtual.Transport):
         if self._draining or self._driver is None:
             self.flush_outcomes()
 
-    def _holds_nothing(self) -> bool:
-        """No queue consumed, no message claimed and unsettled, no outcome waiting to be written."""
-        if self.consumed_queues() or self.deliverer.buffered():
-            return False
-        for channel in list(self.channels):
-            qos = channel._qos
-            if qos is not None and (qos.holds_unsettled() or qos.pending):
-                return False
-        return True
+    def wake(self, *, ready: bool = False) -> None:
+        """Make the consuming loop run now (and claim, if *ready*)."""
+        driver = self._driver
+        if driver is not None and driver.running:
+            driver.wake(ready=ready)
+        else:
+            self.waker.wake()
 
-    def _stop_if_idle(self, heartbeat: Heartbeat) -> None:
-        """A connection whose consumers were all cancelled (a Celery client after `inspect`, returned to
-        its pool and never closed: Celery's app.close() only drops the pool) has no lease to keep: its
-        heartbeat stops and its consumer row goes, instead of beating until the process exits. The next
-        claim starts both again. Runs on the heartbeat thread after every beat, landed or failed (the
-        database may be gone for good); never while a claim is in flight."""
-        if not self._consumer_lock.acquire(blocking=False):
-            return  # a claim or _ensure_consumer (whose first beat lands here) holds it: not idle
-        try:
-            if self._heartbeat is not heartbeat or self._claims_in_flight or self._driver is not None:
-                return
-            if not self._holds_nothing():
-                return
-            self._heartbeat = None
-        finally:
-            self._consumer_lock.release()
-        try:  # on the heartbeat's own session, which stop() closes: the command session may be closed by now
-            heartbeat.store.consumer_delete(consumer_id=self.consumer_id)
-        except AkadzeError as exc:
-            logger.info("kombu-akadze: could not remove idle consumer %s: %s", self.consumer_id, exc)
-        finally:
-            heartbeat.stop()
+    def waker_wait(self, timeout: float) -> None:
+        """Sleep up to *timeout*, returning early when an outcome frees a slot."""
+        ready, _, _ = select.select([self.waker.fileno()], [], [], max(timeout, 0.0))
+        if ready:
+            self.waker.drain()
 
-    def _stop_consumer(self) -> None:
-        with self._consumer_lock:  # exactly one of this and _stop_if_idle takes the heartbeat
-            heartbeat, self._heartbeat = self._heartbeat, None
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            listener.close()
-        if heartbeat is not None:
-            heartbeat.stop()
-            try:
-                self.store.consumer_delete(consumer_id=self.consumer_id)
-            except AkadzeError as exc:
-                logger.warning("kombu-akadze: could not remove consumer %s at close: %s", self.consumer_id, exc)
+    # -- consuming ------------------------------------------------------------
+
+    @property
+    def heartbeat(self) -> Heartbeat | None:
+        return self.lease.heartbeat
+
+    @property
+    def listener(self) -> Listener | None:
+        return self.lease.listener
 
     def check_lease(self) -> None:
-        """Raise a connection error when the heartbeat has failed for longer than heartbeat_ttl: our
-        held messages are (or will be) rescued by others, so Celery should drop this connection and
-        reconnect; late outcomes of those messages are fenced."""
-        heartbeat = self._heartbeat
-        if heartbeat is not None and heartbeat.failing_for() > self.options.heartbeat_ttl:
-            raise TransientDatabaseError(
-                f"kombu-akadze: no heartbeat for {heartbeat.failing_for():.0f} s (heartbeat_ttl "
-                f"{self.options.heartbeat_ttl:.0f} s); giving up held messages and reconnecting"
-            )
+        self.lease.check()
 
     def claim(self, queues: list[str], limits: list[int]) -> list[ClaimedMessage]:
-        """Claim on this thread, carrying the buffered acks of every channel (one round trip). Buffered
-        requeues and rejects are written first, as RabbitMQ's channel applies them in order: a get
-        right after a requeue finds the message."""
-        if not self._may_claim():
-            return []
-        self.flush_outcomes(kinds=("bury", "requeue"))
-        taken = self._take_acks()
-        with self._consumer_lock:
-            self._claims_in_flight += 1
-        try:
-            claimed, done = self.store.message_ack_claim(
-                acks=_tags_of(taken), queues=queues, limits=limits, owner=self.consumer_id
-            )
-        except AkadzeError:
-            self._acks_failed(taken)  # still ours to write: retried with the next claim or flush
-            raise
-        finally:
-            with self._consumer_lock:
-                self._claims_in_flight -= 1
-        self._acks_written(taken, done)
-        return claimed
+        return self.claims.claim(queues, limits)
 
-    def start_claim(self, *, claim: bool) -> bool | None:
-        """Event-loop path: send the next ack+claim statement on the command session without waiting and
-        return None; or, when there is nothing to write or claim, return at once whether more may be
-        ready. *claim* False writes outcomes only. The loop watches claim_fd() and calls
-        claim_progress() as data arrives; finish_claim() collects the outcome once claim_done()."""
-        if self._pending_claim is not None:
-            raise RuntimeError("a claim is already in flight")
-        if claim:
-            plan = self.deliverer.plan_round()
-        else:
-            self.flush_outcomes(kinds=("bury", "requeue"))
-            plan = Round()
-        taken = self._take_acks()
-        if plan.wanted and not self._may_claim():
-            plan = Round()
-        if not plan.wanted and not taken:
-            return plan.more
-        with self._consumer_lock:
-            self._claims_in_flight += 1
-        self._pending_claim = (plan, taken)
-        self._claim_outcome = None
-        store = self.store
-        try:
-            queues, limits = list(plan.wanted), list(plan.wanted.values())
-            store.message_ack_claim_start(acks=_tags_of(taken), queues=queues, limits=limits, owner=self.consumer_id)
-            if self._loop_idle():  # nothing for the loop to do meanwhile: wait here, claim_done() is True now
-                self._claim_outcome = (True, store.message_ack_claim_wait(None))
-        except AkadzeError as exc:
-            self._claim_outcome = (False, exc)  # raised by finish_claim(), on the loop, like a late error
-        return None
+    def register_with_event_loop(self, connection: Any, loop: Any) -> None:
+        """Celery's worker runs its event loop (asynloop): wake-ups come from the LISTEN socket."""
+        self.lease.ensure()
+        assert self.lease.listener is not None
+        if self._driver is not None:
+            self._driver.stop()
+        self._driver = HubDriver(
+            hub=loop,
+            listener=self.lease.listener,
+            claims=self.claims,
+            deliver_one=self.deliverer.deliver_one,
+            has_free_slot=self.deliverer.has_free_slot,
+            poll_interval=self.options.poll_interval,
+            listen_poll_interval=self.options.listen_poll_interval,
+            waker=self.waker,
+            check=self.lease.check,
+        )
+        self._driver.start()
 
-    def claim_fd(self) -> int | None:
-        """The socket of the claim in flight (readable: call claim_progress()); None when it is done."""
-        if self._pending_claim is None or self._claim_outcome is not None:
-            return None
-        return self.store.fileno_in_flight()
+    def unregister_from_event_loop(self, connection: Any, loop: Any) -> None:
+        driver, self._driver = self._driver, None
+        if driver is not None:
+            driver.stop()
 
-    def claim_progress(self) -> bool:
-        """Read what arrived for the claim in flight; True once its outcome is in (claim_done())."""
-        if self._pending_claim is None:
-            return False
-        if self._claim_outcome is None:
-            try:
-                outcome = self.store.message_ack_claim_read()
-            except AkadzeError as exc:
-                self._claim_outcome = (False, exc)
-            else:
-                if outcome is not None:
-                    self._claim_outcome = (True, outcome)
-        return self._claim_outcome is not None
-
-    def _loop_idle(self) -> bool:
-        """No message delivered and unsettled, none buffered, and the last claim found nothing: a task
-        arriving now waits on the claim alone, so going back to the loop would only add latency."""
-        if self._last_claimed or self.deliverer.buffered():
-            return False
-        return not any((qos := c._qos) is not None and qos.holds_unsettled() for c in list(self.channels))
-
-    def claim_done(self) -> bool:
-        """The claim in flight has its outcome. Reads no socket (only _on_claim_readable does, after it
-        stopped watching it), but takes an outcome another statement on the session read first."""
-        if self._pending_claim is None:
-            return False
-        if self._claim_outcome is None and self.store.claim_landed():
-            self.claim_progress()
-        return self._claim_outcome is not None
-
-    def finish_claim(self) -> bool:
-        """Collect the statement start_claim() sent (it must be done): buffer the claimed messages,
-        report the acks; returns whether more may be ready. Raises what the statement raised."""
-        pending, self._pending_claim = self._pending_claim, None
-        outcome, self._claim_outcome = self._claim_outcome, None
-        if pending is None:
-            return False
-        plan, taken = pending
-        with self._consumer_lock:
-            self._claims_in_flight -= 1
-        if outcome is None:
-            raise RuntimeError("finish_claim() before the claim was done")
-        ok, value = outcome
-        if not ok:
-            self._acks_failed(taken)  # still ours to write: retried with the next claim or flush
-            raise value
-        claimed, done = value
-        self._acks_written(taken, done)
-        if plan.wanted:
-            self._last_claimed = len(claimed)
-        return self.deliverer.finish_round(plan, claimed)[1]
-
-    def settle_claim(self, timeout: float) -> None:
-        """At stop: wait for a statement in flight and buffer its messages, so closing the channel gives
-        them back in place (attempt not spent) instead of leaving them to rescue."""
-        if self._pending_claim is None:
-            return
-        if self._claim_outcome is None:
-            try:
-                outcome = self.store.message_ack_claim_wait(timeout)
-            except AkadzeError as exc:
-                self._claim_outcome = (False, exc)
-            else:
-                if outcome is None:
-                    logger.error(
-                        "kombu-akadze: a claim was still running after %.0f s at stop; what it claims is "
-                        "rescued after heartbeat_ttl",
-                        timeout,
-                    )
-                    self.store.close()
-                    self._claim_outcome = (False, TransientDatabaseError("claim abandoned at stop"))
-                else:
-                    self._claim_outcome = (True, outcome)
-        try:
-            self.finish_claim()
-        except AkadzeError as exc:
-            logger.warning("kombu-akadze: the last claim before stop failed: %s", exc)
-
-    def _may_claim(self) -> bool:
-        self._ensure_consumer()
-        heartbeat = self._heartbeat
-        # Our lease may already be rescued while heartbeats fail: claim nothing until one lands.
-        return heartbeat is None or heartbeat.healthy()
-
-    def _take_acks(self) -> list[tuple[QoS, list[str]]]:
-        taken = [(qos, qos.take_acks()) for c in list(self.channels) if (qos := c._qos) is not None]
-        return [(qos, dtags) for qos, dtags in taken if dtags]
-
-    @staticmethod
-    def _acks_failed(taken: list[tuple[QoS, list[str]]]) -> None:
-        for qos, dtags in taken:
-            qos.acks_failed(dtags)
-
-    @staticmethod
-    def _acks_written(taken: list[tuple[QoS, list[str]]], done: set[int]) -> None:
-        for qos, dtags in taken:
-            qos.acks_written(dtags, done)
-
-    # -- draining -----------------------------------------------------------
+    def _claim_landing(self) -> None:
+        """Another statement on the command session is about to wait for the claim in flight (see
+        Store._land_in_flight): the loop stops watching that socket, and collects the outcome next tick."""
+        driver = self._driver
+        if driver is not None and driver.on_loop_thread():
+            driver.unwatch_claim()
+        self.waker.wake()
 
     def drain_events(self, connection: Any, timeout: float | None = None) -> None:  # type: ignore[override]
         """Deliver one message; else wait on LISTEN, an ack (waker) or the safety poll, up to *timeout*."""
         deadline = None if timeout is None else time.monotonic() + timeout
         self._draining = True
         while True:
-            self.check_lease()
+            self.lease.check()
             self.flush_outcomes(force=False)
             if self.deliverer.deliver_one():
                 return
             self.deliverer.claim_round()  # writes the buffered acks in the claim's statement
             if self.deliverer.deliver_one():
                 return
-            armed = self._listener is not None and self._listener.fd is not None
+            listener = self.lease.listener
+            armed = listener is not None and listener.fd is not None
             wait = jittered(self.options.listen_poll_interval if armed else self.options.poll_interval)
             if deadline is not None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError()
                 wait = min(wait, remaining)
-            if self._listener is not None:
-                self._listener.wait(wait)
+            if listener is not None:
+                listener.wait(wait)
             else:
                 self.waker_wait(wait)

@@ -300,7 +300,7 @@ def test_listen_wakes_a_waiting_consumer(make_connection: Any) -> None:
     consumer_conn.drain_events(timeout=20)
     assert got[-1].payload == {"n": 2}
     assert time.monotonic() - t0 < 10
-    assert consumer_conn.transport._listener.wakeups >= 1
+    assert consumer_conn.transport.listener.wakeups >= 1
     got[-1].ack()
     timer.join()
     consumer.cancel()
@@ -312,7 +312,7 @@ def test_poll_only_mode_still_delivers(make_connection: Any) -> None:
     other = make_connection()
     other.SimpleQueue("poll").put({"n": 1})
     assert q.get(timeout=10).payload == {"n": 1}
-    assert conn.transport._listener.fd is None
+    assert conn.transport.listener.fd is None
     q.close()
 
 

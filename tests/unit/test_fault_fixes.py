@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 from kombu.exceptions import ConnectionError as KombuConnectionError
 
-from kombu_akadze.consume.events import HubDriver, Listener, Waker
+from kombu_akadze.consume.driver import HubDriver
+from kombu_akadze.consume.listener import Listener
+from kombu_akadze.consume.wakeups import Waker
 from kombu_akadze.errors import TransientDatabaseError
 from kombu_akadze.store import notify_channel
 from kombu_akadze.transport.channel import Channel, _storable_headers

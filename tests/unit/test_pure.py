@@ -6,12 +6,12 @@ import logging
 
 import pytest
 
+from kombu_akadze.consume.rounds import rotate as _rotate
+from kombu_akadze.consume.rounds import split_slots as _split_slots
 from kombu_akadze.errors import ConfigurationError
 from kombu_akadze.lease import compact
 from kombu_akadze.options import Options
 from kombu_akadze.store import TableSize, sqlfiles
-from kombu_akadze.transport.delivery import rotate as _rotate
-from kombu_akadze.transport.delivery import split_slots as _split_slots
 from kombu_akadze.transport.qos import make_tag, parse_tag
 from kombu_akadze.urls import is_embedded, mask_password, to_dsn
 

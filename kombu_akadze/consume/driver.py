@@ -1,123 +1,23 @@
-"""LISTEN/NOTIFY wake-ups: a consumer waits on its LISTEN session instead of sleeping a whole poll."""
+"""The event-loop driver: Celery's hub runs consumption, one claim statement in flight at a time."""
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import os
-import random
-import select
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from kombu_akadze.errors import AkadzeError
-from kombu_akadze.store import Store
-
-logger = logging.getLogger("kombu_akadze")
+from kombu_akadze.consume.wakeups import Waker, jittered
 
 
-def jittered(poll_interval: float) -> float:
-    """Between half and all of the poll interval, so idle consumers do not poll in lockstep."""
-    return poll_interval * random.uniform(0.5, 1.0)
+class ListenSocket(Protocol):
+    """The LISTEN session as the driver sees it (consume.listener.Listener)."""
 
+    fd: int | None
+    #: Sessions opened so far: a re-armed session may reuse the closed one's fd number.
+    sessions: int
 
-class Waker:
-    """A self-pipe: wake() makes a select/poll on fileno() return now, from any thread."""
-
-    def __init__(self) -> None:
-        self._r, self._w = os.pipe()
-        os.set_blocking(self._r, False)
-        os.set_blocking(self._w, False)
-        self._pending = False
-
-    def fileno(self) -> int:
-        return self._r
-
-    def wake(self) -> None:
-        if self._pending:
-            return
-        self._pending = True
-        with contextlib.suppress(BlockingIOError):
-            os.write(self._w, b"!")
-
-    def drain(self) -> None:
-        # Read first, clear after: cleared first, a wake() from another thread in between could set
-        # the flag and have its byte read here, and every later wake() would skip its write. The
-        # caller looks at the state it was woken for after drain(), so a wake() skipped meanwhile
-        # loses nothing.
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self._r, 512):
-                pass
-        self._pending = False
-
-    def close(self) -> None:
-        for fd in (self._r, self._w):
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-
-class Listener:
-    """One LISTEN session per consuming connection, re-armed after every reconnect."""
-
-    def __init__(self, store: Store, *, enabled: bool, waker: Waker | None = None) -> None:
-        self.store = store
-        self.enabled = enabled
-        self.waker = waker
-        self.fd: int | None = None
-        self.wakeups = 0
-        #: LISTEN sessions opened so far: a new session may get the closed one's fd number back.
-        self.sessions = 0
-
-    def arm(self) -> int | None:
-        """(Re)open the session and LISTEN; None when disabled or the database is unreachable."""
-        if not self.enabled:
-            return None
-        if self.fd is None or not self.store.connected:
-            try:
-                self.fd = self.store.listen_start()
-                self.sessions += 1
-            except AkadzeError as exc:
-                self.fd = None
-                logger.warning("kombu-akadze LISTEN could not be armed, polling meanwhile: %s", exc)
-        return self.fd
-
-    def drain(self) -> list[str]:
-        """Queue names woken since the last call, without blocking."""
-        if self.fd is None:
-            return []
-        try:
-            names = self.store.listen_notifies()
-        except AkadzeError as exc:
-            logger.warning("kombu-akadze LISTEN session lost, re-arming: %s", exc)
-            self.fd = None
-            return []
-        self.wakeups += len(names)
-        return names
-
-    def wait(self, timeout: float) -> bool:
-        """Block up to *timeout* seconds for a wake-up (a NOTIFY, or the waker: an ack freed a slot)."""
-        fd = self.arm()
-        if fd is not None and self.drain():
-            return True
-        fds = [f for f in (fd, self.waker.fileno() if self.waker else None) if f is not None]
-        if not fds:
-            time.sleep(max(timeout, 0.0))
-            return False
-        try:
-            ready, _, _ = select.select(fds, [], [], max(timeout, 0.0))
-        except (OSError, ValueError):
-            self.fd = None
-            return False
-        if self.waker is not None and self.waker.fileno() in ready:
-            self.waker.drain()
-            return True
-        return bool(ready) and bool(self.drain())
-
-    def close(self) -> None:
-        self.fd = None
-        self.store.close()
+    def arm(self) -> int | None: ...
+    def drain(self) -> list[str]: ...
 
 
 class Claims(Protocol):
@@ -146,7 +46,7 @@ class HubDriver:
         self,
         *,
         hub: Any,
-        listener: Listener,
+        listener: ListenSocket,
         claims: Claims,
         deliver_one: Callable[[], bool],
         has_free_slot: Callable[[], bool],

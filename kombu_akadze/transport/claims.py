@@ -1,0 +1,201 @@
+"""The ack+claim statement of one connection: run on the caller's thread (drain_events, basic_get), or
+sent without waiting on Celery's event loop, one at a time. The acks buffered since the last statement
+ride in it; requeues and rejects are written before it, as RabbitMQ's channel applies them in order."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from kombu_akadze.consume.outcomes import Outcome
+from kombu_akadze.consume.rounds import Round
+from kombu_akadze.errors import AkadzeError, TransientDatabaseError
+from kombu_akadze.store import ClaimedMessage, Store
+from kombu_akadze.transport.consumer import ConsumerLease
+from kombu_akadze.transport.delivery import Deliverer
+from kombu_akadze.transport.qos import QoS, parse_tag
+
+logger = logging.getLogger("kombu_akadze")
+
+Taken = list[tuple[QoS, list[Outcome]]]
+
+
+def _tags_of(taken: Taken) -> list[tuple[int, int]]:
+    return [parse_tag(tag) for _, batch in taken for _, tag in batch]
+
+
+class ClaimCycle:
+    """Implements consume.driver.Claims for the event loop, and claim() for everyone else."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        deliverer: Deliverer,
+        lease: ConsumerLease,
+        qoses: Callable[[], list[QoS]],
+        flush_outcomes: Callable[..., None],
+        owner: str,
+    ) -> None:
+        self.store = store
+        self.deliverer = deliverer
+        self.lease = lease
+        self.qoses = qoses
+        self.flush_outcomes = flush_outcomes
+        self.owner = owner
+        #: The claim round in flight on the command session, and the acks riding in it (event-loop path).
+        self._pending: tuple[Round, Taken] | None = None
+        #: Its outcome once read: (True, (claimed, acked ids)) or (False, the error it raised).
+        self._outcome: tuple[bool, Any] | None = None
+        #: How many messages the last event-loop claim got (acks-only rounds leave it alone).
+        self._last_claimed = 0
+
+    def claim(self, queues: list[str], limits: list[int]) -> list[ClaimedMessage]:
+        """Claim on this thread, carrying the buffered acks of every channel (one round trip)."""
+        if not self.lease.may_claim():
+            return []
+        self.flush_outcomes(kinds=("bury", "requeue"))
+        taken = self._take_acks()
+        self.lease.claim_started()
+        try:
+            claimed, done = self.store.message_ack_claim(
+                acks=_tags_of(taken), queues=queues, limits=limits, owner=self.owner
+            )
+        except AkadzeError:
+            self._acks_failed(taken)  # still ours to write: retried with the next claim or flush
+            raise
+        finally:
+            self.lease.claim_ended()
+        self._acks_written(taken, done)
+        return claimed
+
+    # -- the event loop's claims (see consume.driver.HubDriver) ---------------
+
+    def start_claim(self, *, claim: bool) -> bool | None:
+        """Send the next ack+claim statement on the command session without waiting and return None; or,
+        when there is nothing to write or claim, return at once whether more may be ready. *claim* False
+        writes outcomes only. The loop watches claim_fd() and calls claim_progress() as data arrives;
+        finish_claim() collects the outcome once claim_done()."""
+        if self._pending is not None:
+            raise RuntimeError("a claim is already in flight")
+        if claim:
+            plan = self.deliverer.plan_round()
+        else:
+            self.flush_outcomes(kinds=("bury", "requeue"))
+            plan = Round()
+        taken = self._take_acks()
+        if plan.wanted and not self.lease.may_claim():
+            plan = Round()
+        if not plan.wanted and not taken:
+            return plan.full
+        self.lease.claim_started()
+        self._pending = (plan, taken)
+        self._outcome = None
+        store = self.store
+        try:
+            queues, limits = list(plan.wanted), list(plan.wanted.values())
+            store.message_ack_claim_start(acks=_tags_of(taken), queues=queues, limits=limits, owner=self.owner)
+            if self._loop_idle():  # nothing for the loop to do meanwhile: wait here, claim_done() is True now
+                self._outcome = (True, store.message_ack_claim_wait(None))
+        except AkadzeError as exc:
+            self._outcome = (False, exc)  # raised by finish_claim(), on the loop, like a late error
+        return None
+
+    def claim_fd(self) -> int | None:
+        """The socket of the claim in flight (readable: call claim_progress()); None when it is done."""
+        if self._pending is None or self._outcome is not None:
+            return None
+        return self.store.fileno_in_flight()
+
+    def claim_progress(self) -> bool:
+        """Read what arrived for the claim in flight; True once its outcome is in (claim_done())."""
+        if self._pending is None:
+            return False
+        if self._outcome is None:
+            try:
+                outcome = self.store.message_ack_claim_read()
+            except AkadzeError as exc:
+                self._outcome = (False, exc)
+            else:
+                if outcome is not None:
+                    self._outcome = (True, outcome)
+        return self._outcome is not None
+
+    def claim_done(self) -> bool:
+        """The claim in flight has its outcome. Reads no socket (only the loop's reader does, after it
+        stopped watching it), but takes an outcome another statement on the session read first."""
+        if self._pending is None:
+            return False
+        if self._outcome is None and self.store.claim_landed():
+            self.claim_progress()
+        return self._outcome is not None
+
+    def finish_claim(self) -> bool:
+        """Collect the statement start_claim() sent (it must be done): buffer the claimed messages, report
+        the acks; returns whether more may be ready. Raises what the statement raised."""
+        pending, self._pending = self._pending, None
+        outcome, self._outcome = self._outcome, None
+        if pending is None:
+            return False
+        plan, taken = pending
+        self.lease.claim_ended()
+        if outcome is None:
+            raise RuntimeError("finish_claim() before the claim was done")
+        ok, value = outcome
+        if not ok:
+            self._acks_failed(taken)  # still ours to write: retried with the next claim or flush
+            raise value
+        claimed, done = value
+        self._acks_written(taken, done)
+        if plan.wanted:
+            self._last_claimed = len(claimed)
+        return self.deliverer.finish_round(plan, claimed)[1]
+
+    def settle_claim(self, timeout: float) -> None:
+        """At stop: wait for a statement in flight and buffer its messages, so closing the channel gives
+        them back in place (attempt not spent) instead of leaving them to rescue."""
+        if self._pending is None:
+            return
+        if self._outcome is None:
+            try:
+                outcome = self.store.message_ack_claim_wait(timeout)
+            except AkadzeError as exc:
+                self._outcome = (False, exc)
+            else:
+                if outcome is None:
+                    logger.error(
+                        "kombu-akadze: a claim was still running after %.0f s at stop; what it claims is "
+                        "rescued after heartbeat_ttl",
+                        timeout,
+                    )
+                    self.store.close()
+                    self._outcome = (False, TransientDatabaseError("claim abandoned at stop"))
+                else:
+                    self._outcome = (True, outcome)
+        try:
+            self.finish_claim()
+        except AkadzeError as exc:
+            logger.warning("kombu-akadze: the last claim before stop failed: %s", exc)
+
+    def _loop_idle(self) -> bool:
+        """No message delivered and unsettled, none buffered, and the last claim found nothing: a task
+        arriving now waits on the claim alone, so going back to the loop would only add latency."""
+        if self._last_claimed or self.deliverer.buffered():
+            return False
+        return not any(qos.holds_unsettled() for qos in self.qoses())
+
+    def _take_acks(self) -> Taken:
+        taken = [(qos, qos.outcomes.take(("ack",))) for qos in self.qoses()]
+        return [(qos, batch) for qos, batch in taken if batch]
+
+    @staticmethod
+    def _acks_failed(taken: Taken) -> None:
+        for qos, batch in taken:
+            qos.outcomes.done(batch, failed=batch)
+
+    @staticmethod
+    def _acks_written(taken: Taken, done: set[int]) -> None:
+        for qos, batch in taken:
+            qos.outcomes.done(batch)
+            qos.report("ack", [parse_tag(tag) for _, tag in batch], done)

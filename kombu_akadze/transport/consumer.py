@@ -1,0 +1,161 @@
+"""This connection as a consumer: its heartbeat (which runs the fleet's maintenance while elected), its
+LISTEN session, and the rule that a connection holding nothing stops beating."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+
+from kombu_akadze.consume.listener import Listener
+from kombu_akadze.consume.wakeups import Waker
+from kombu_akadze.errors import AkadzeError, TransientDatabaseError
+from kombu_akadze.lease.compact import Compactor
+from kombu_akadze.lease.heartbeat import Heartbeat
+from kombu_akadze.lease.vacuum import Vacuumer
+from kombu_akadze.options import Options
+from kombu_akadze.store import Store
+
+logger = logging.getLogger("kombu_akadze")
+
+
+class ConsumerLease:
+    """Started at the first claim, stopped at close or once idle. Thread-safe: claims run on the
+    consuming thread, the heartbeat on its own."""
+
+    def __init__(
+        self,
+        *,
+        options: Options,
+        consumer_id: str,
+        new_store: Callable[[str], Store],
+        waker: Waker,
+        queues: Callable[[], list[str]],
+        held: Callable[[], set[int]],
+        holds_nothing: Callable[[], bool],
+        on_beat: Callable[[], None],
+        looping: Callable[[], bool],
+    ) -> None:
+        self.options = options
+        self.consumer_id = consumer_id
+        self._new_store = new_store
+        self._waker = waker
+        self._queues = queues
+        self._held = held
+        self._holds_nothing = holds_nothing
+        self._on_beat = on_beat
+        self._looping = looping
+        self._lock = threading.Lock()
+        #: Claim statements under way (guarded by _lock): their rows are not buffered yet, so neither
+        #: the reconcile nor the idle stop may run meanwhile.
+        self._claims_in_flight = 0
+        self.heartbeat: Heartbeat | None = None
+        self.listener: Listener | None = None
+
+    def ensure(self) -> None:
+        """Register this connection as a consumer and start its heartbeat (raises if the database refuses)."""
+        if self.heartbeat is not None and self.heartbeat.running:
+            return
+        with self._lock:
+            if self.heartbeat is not None and self.heartbeat.running:
+                return
+            opts = self.options
+            store = self._new_store("heartbeat")
+            heartbeat = Heartbeat(
+                store=store,
+                consumer_id=self.consumer_id,
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                interval=opts.heartbeat_interval,
+                ttl=opts.heartbeat_ttl,
+                rescue_interval=opts.rescue_interval,
+                max_attempts=opts.max_attempts,
+                queues=self._queues,
+                tracked=self.tracked_ids,
+                compactor=Compactor(store, interval=opts.compact_interval) if opts.compact_interval else None,
+                vacuumer=Vacuumer(lambda: self._new_store("vacuum")),
+            )
+            heartbeat.on_beat = self._on_beat
+            heartbeat.on_tick = lambda: self._stop_if_idle(heartbeat)
+            heartbeat.start()
+            self.heartbeat = heartbeat
+            if self.listener is None:
+                self.listener = Listener(self._new_store("listen"), enabled=opts.listen, waker=self._waker)
+
+    def may_claim(self) -> bool:
+        """Whether a claim may run: the lease is registered and its last heartbeat is younger than the
+        ttl (while heartbeats fail our leases may already be rescued: claim nothing until one lands)."""
+        self.ensure()
+        heartbeat = self.heartbeat
+        return heartbeat is None or heartbeat.healthy()
+
+    def claim_started(self) -> None:
+        with self._lock:
+            self._claims_in_flight += 1
+
+    def claim_ended(self) -> None:
+        with self._lock:
+            self._claims_in_flight -= 1
+
+    def tracked_ids(self) -> set[int] | None:
+        """Every row id this connection holds, or None while a claim is in flight or the buffers moved as
+        they were read. Runs on the heartbeat thread, whose reconcile gives back what this consumer holds
+        and does not know."""
+        if self._claims_in_flight:
+            return None
+        try:
+            ids = self._held()
+        except RuntimeError:  # a buffer changed size as it was read: no reconcile this pass
+            return None
+        return None if self._claims_in_flight else ids
+
+    def check(self) -> None:
+        """Raise a connection error once the heartbeat has failed for longer than heartbeat_ttl: our held
+        messages are (or will be) rescued by others, so Celery should drop this connection and reconnect;
+        late outcomes of those messages are fenced."""
+        heartbeat = self.heartbeat
+        ttl = self.options.heartbeat_ttl
+        if heartbeat is not None and heartbeat.failing_for() > ttl:
+            raise TransientDatabaseError(
+                f"kombu-akadze: no heartbeat for {heartbeat.failing_for():.0f} s (heartbeat_ttl {ttl:.0f} s); "
+                "giving up held messages and reconnecting"
+            )
+
+    def _stop_if_idle(self, heartbeat: Heartbeat) -> None:
+        """A connection whose consumers were all cancelled (a Celery client after `inspect`, returned to
+        its pool and never closed: Celery's app.close() only drops the pool) has no lease to keep: its
+        heartbeat stops and its consumer row goes, instead of beating until the process exits. The next
+        claim starts both again. Runs on the heartbeat thread after every beat, landed or failed (the
+        database may be gone for good); never while a claim is in flight or an event loop consumes."""
+        if not self._lock.acquire(blocking=False):
+            return  # a claim or ensure() (whose first beat lands here) holds it: not idle
+        try:
+            if self.heartbeat is not heartbeat or self._claims_in_flight or self._looping():
+                return
+            if not self._holds_nothing():
+                return
+            self.heartbeat = None
+        finally:
+            self._lock.release()
+        try:  # on the heartbeat's own session, which stop() closes: the command session may be closed by now
+            heartbeat.store.consumer_delete(consumer_id=self.consumer_id)
+        except AkadzeError as exc:
+            logger.info("kombu-akadze: could not remove idle consumer %s: %s", self.consumer_id, exc)
+        finally:
+            heartbeat.stop()
+
+    def stop(self, store: Store) -> None:
+        """At close: the LISTEN session ends, the heartbeat stops and the consumer row goes (on *store*)."""
+        with self._lock:  # exactly one of this and _stop_if_idle takes the heartbeat
+            heartbeat, self.heartbeat = self.heartbeat, None
+        listener, self.listener = self.listener, None
+        if listener is not None:
+            listener.close()
+        if heartbeat is not None:
+            heartbeat.stop()
+            try:
+                store.consumer_delete(consumer_id=self.consumer_id)
+            except AkadzeError as exc:
+                logger.warning("kombu-akadze: could not remove consumer %s at close: %s", self.consumer_id, exc)

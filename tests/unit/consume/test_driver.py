@@ -1,0 +1,218 @@
+"""The event-loop driver's state machine without a database or kombu: a recording hub, a scripted claim
+statement and LISTEN socket. One claim in flight at a time; a wake-up during it is not lost; a stop
+settles what is in flight."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kombu_akadze.consume.driver import HubDriver
+from kombu_akadze.consume.wakeups import Waker
+
+CLAIM_FD = 901
+
+
+class Hub:
+    def __init__(self) -> None:
+        self.readers: dict[int, Callable[..., Any]] = {}
+        self.timers: list[Timer] = []
+
+    def add_reader(self, fd: int, callback: Callable[..., Any], *args: Any) -> None:
+        self.readers[fd] = callback
+
+    def remove_reader(self, fd: int) -> None:
+        self.readers.pop(fd, None)
+
+    def call_later(self, delay: float, callback: Callable[[], Any]) -> Timer:
+        timer = Timer(delay, callback)
+        self.timers.append(timer)
+        return timer
+
+    def fire(self, fd: int) -> None:
+        self.readers[fd]()
+
+
+class Timer:
+    def __init__(self, delay: float, callback: Callable[[], Any]) -> None:
+        self.delay, self.callback, self.cancelled = delay, callback, False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Socket:
+    """The LISTEN session: *notifies* is what the next drain() returns."""
+
+    def __init__(self, fd: int | None = 700) -> None:
+        self.fd = fd
+        self.sessions = 1
+        self.notifies: list[str] = []
+
+    def arm(self) -> int | None:
+        return self.fd
+
+    def drain(self) -> list[str]:
+        names, self.notifies = self.notifies, []
+        return names
+
+
+class Statement:
+    """The ack+claim statement. start_claim() sends it (None) unless there is nothing to do; it completes
+    when the test says so (arrive()); finish_claim() buffers *batch* messages for delivery."""
+
+    def __init__(self) -> None:
+        self.sent: list[bool] = []
+        self.in_flight = False
+        self.arrived = False
+        self.inline = False
+        self.batch = 1
+        self.more = False
+        self.buffered: list[str] = []
+        self.settled: list[float] = []
+        self.n = 0
+
+    def start_claim(self, *, claim: bool) -> bool | None:
+        assert not self.in_flight, "a second claim while one is in flight"
+        self.sent.append(claim)
+        self.in_flight, self.arrived = True, self.inline
+        return None
+
+    def claim_fd(self) -> int | None:
+        return None if self.arrived else CLAIM_FD
+
+    def claim_progress(self) -> bool:
+        return self.arrived
+
+    def claim_done(self) -> bool:
+        return self.in_flight and self.arrived
+
+    def finish_claim(self) -> bool:
+        assert self.in_flight and self.arrived
+        self.in_flight = self.arrived = False
+        for _ in range(self.batch):
+            self.n += 1
+            self.buffered.append(f"m{self.n}")
+        return self.more
+
+    def settle_claim(self, timeout: float) -> None:
+        self.settled.append(timeout)
+        self.in_flight = False
+
+    def arrive(self) -> None:
+        self.arrived = True
+
+
+def rig(*, free: bool = True) -> tuple[HubDriver, Hub, Socket, Statement, list[str]]:
+    hub, socket, statement, delivered = Hub(), Socket(), Statement(), []
+    waker = Waker()
+
+    def deliver_one() -> bool:
+        if statement.buffered:
+            delivered.append(statement.buffered.pop(0))
+            return True
+        return False
+
+    driver = HubDriver(
+        hub=hub,
+        listener=socket,
+        claims=statement,
+        deliver_one=deliver_one,
+        has_free_slot=lambda: free,
+        poll_interval=1.0,
+        listen_poll_interval=10.0,
+        waker=waker,
+    )
+    driver.start()
+    return driver, hub, socket, statement, delivered
+
+
+def tick(driver: HubDriver, hub: Hub) -> None:
+    """One loop iteration that found the waker readable."""
+    hub.fire(driver.waker.fileno())
+
+
+def test_start_watches_the_waker_and_the_listen_socket_and_schedules_the_safety_poll() -> None:
+    driver, hub, socket, _, _ = rig()
+    assert set(hub.readers) == {driver.waker.fileno(), socket.fd}
+    assert len(hub.timers) == 1
+    assert 5.0 <= hub.timers[0].delay <= 10.0  # the LISTEN-armed poll, jittered into its upper half
+    assert driver.maybe_ready
+
+
+def test_a_claim_is_sent_then_its_socket_watched_and_its_messages_delivered_when_it_arrives() -> None:
+    driver, hub, _, statement, delivered = rig()
+    tick(driver, hub)
+    assert statement.sent == [True]
+    assert CLAIM_FD in hub.readers  # the loop goes on; the statement's socket tells when rows arrive
+    statement.arrive()
+    hub.fire(CLAIM_FD)
+    assert delivered == ["m1"]
+    assert CLAIM_FD not in hub.readers
+
+
+def test_one_claim_in_flight_at_a_time_whatever_wakes_the_loop() -> None:
+    driver, hub, socket, statement, _ = rig()
+    tick(driver, hub)
+    socket.notifies = ["q"]
+    hub.fire(socket.fd)  # type: ignore[arg-type]
+    driver.wake(ready=True)
+    tick(driver, hub)
+    assert statement.sent == [True]
+
+
+def test_a_notify_that_arrives_during_a_claim_makes_the_next_round_claim_again() -> None:
+    driver, hub, socket, statement, delivered = rig()
+    tick(driver, hub)
+    socket.notifies = ["q"]  # a message published after the claim's snapshot was taken
+    hub.fire(socket.fd)  # type: ignore[arg-type]
+    statement.batch = 0  # the claim in flight found nothing
+    statement.arrive()
+    hub.fire(CLAIM_FD)
+    assert statement.sent == [True, True], "the wake-up was lost: the message waits for the safety poll"
+    assert delivered == []
+
+
+def test_an_empty_claim_that_filled_nothing_does_not_claim_again_until_woken() -> None:
+    driver, hub, _, statement, _ = rig()
+    statement.batch = 0
+    tick(driver, hub)
+    statement.arrive()
+    hub.fire(CLAIM_FD)
+    tick(driver, hub)  # an ack's wake-up: outcomes only, no claim
+    assert statement.sent == [True, False]
+
+
+def test_a_claim_that_completed_inline_is_delivered_in_the_same_tick() -> None:
+    driver, hub, _, statement, delivered = rig()
+    statement.inline = True  # an idle worker waits for its claim where it sent it
+    tick(driver, hub)
+    assert delivered == ["m1"]
+    assert CLAIM_FD not in hub.readers
+
+
+def test_with_every_slot_busy_a_tick_writes_outcomes_without_claiming() -> None:
+    driver, hub, _, statement, _ = rig(free=False)
+    tick(driver, hub)
+    assert statement.sent == [False]
+
+
+def test_stop_settles_the_claim_in_flight_and_leaves_the_hub_clean() -> None:
+    driver, hub, socket, statement, _ = rig()
+    tick(driver, hub)
+    driver.stop()
+    assert statement.settled == [30.0]
+    assert hub.readers == {}
+    assert hub.timers[0].cancelled
+
+
+def test_a_lost_listen_session_is_rearmed_and_its_socket_registered_anew() -> None:
+    driver, hub, socket, _, _ = rig()
+    old = socket.fd
+    socket.fd = None  # drain() found the session dead
+    hub.fire(old)  # type: ignore[arg-type]
+    assert old not in hub.readers
+    socket.fd, socket.sessions = old, 2  # a new session that got the same fd number back
+    hub.timers[-1].callback()  # the safety poll re-arms
+    assert old in hub.readers
+    assert driver.maybe_ready
