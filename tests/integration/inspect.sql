@@ -99,3 +99,9 @@ WHERE datname = current_database() AND pid <> pg_backend_pid() AND wait_event_ty
 -- name: timeouts_show
 -- The lock and statement timeouts of this session, as PostgreSQL shows them.
 SELECT current_setting('lock_timeout'), current_setting('statement_timeout');
+
+-- name: lock_waiters
+-- How many sessions of one application_name wait for a lock right now (by name: the text of a
+-- long statement is cut at track_activity_query_size, before it names its schema).
+SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock' AND application_name = %(name)s;
