@@ -86,15 +86,17 @@ class OutcomeBuffer:
         order = [k for k in KINDS if k in set(kinds)]
         batch = self.take(order)
         failed: list[Outcome] = []
-        at = 0
+        untried = list(order)
         try:
-            for at, kind in enumerate(order):
+            while untried:
+                kind = untried[0]
                 tags = [tag for k, tag in batch if k == kind]
                 if tags and not write(kind, tags):
                     failed += [(kind, tag) for tag in tags]
+                untried.pop(0)
         except BaseException:
-            untried = set(order[at + 1 :])  # the kinds after the one that raised stay buffered
-            failed += [o for o in batch if o[0] in untried]
+            # The kind that raised is dropped; the kinds after it stay buffered.
+            failed += [o for o in batch if o[0] in untried[1:]]
             raise
         finally:
             self.done(batch, failed)

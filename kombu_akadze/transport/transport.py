@@ -13,8 +13,13 @@ Delivery is at least once: a claimed message is *held* by its consumer, whose
 heartbeat keeps the lease alive. Ack deletes the row, fenced on the
 ``run_count`` the message was claimed with; a consumer that missed its
 heartbeat for ``heartbeat_ttl`` loses its messages to rescue, and its late acks
-change nothing. Nothing leaves the queue table except a fenced ack or an
-explicit purge/delete: every other exit goes to dead letters.
+change nothing. A row leaves the table by a fenced ack, by an operator's
+purge/delete, or by a rule the user declared on the queue (message TTL,
+max-length overflow, queue expiry): the exits RabbitMQ has, each counted, and an
+expired message is dead-lettered when the queue names a DLX. A message held by a
+live consumer never leaves except by its own fenced outcome (or with its queue,
+when an operator deletes it, as on RabbitMQ). Every other abnormal exit goes to
+dead letters.
 
 Connection String
 =================

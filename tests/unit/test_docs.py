@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import fields
 from pathlib import Path
 
+import kombu_akadze.transport.transport
 from kombu_akadze.options import Options
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,3 +21,20 @@ def test_readme_gives_the_two_commands() -> None:
     text = (ROOT / "README.md").read_text()
     assert "make demo" in text
     assert "make test" in text
+
+
+def test_the_removal_invariant_names_every_exit_rabbitmq_has() -> None:
+    """TTL expiry, drop-head, purge, queue delete and x-expires remove rows too (tests/integration/
+    test_removals.py): no text may claim that only an ack does, and the transport and the delivery
+    semantics both state the real invariant."""
+    texts = {
+        str(p.relative_to(ROOT)): p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    }
+    texts["transport.py"] = kombu_akadze.transport.transport.__doc__ or ""
+    wrong = [name for name, text in texts.items() if "Nothing leaves" in text or "except a fenced ack" in text]
+    assert wrong == []
+    for name in ("transport.py", "docs/delivery-semantics.md"):
+        flat = " ".join(texts[name].split())
+        assert "by a rule" in flat, name
+        assert "message TTL" in flat, name
+        assert "never leaves except by its own fenced outcome" in flat, name

@@ -88,7 +88,8 @@ class Statement:
         return self.in_flight and self.arrived
 
     def finish_claim(self) -> bool:
-        assert self.in_flight and self.arrived
+        assert self.in_flight
+        assert self.arrived
         self.in_flight = self.arrived = False
         for _ in range(self.batch):
             self.n += 1
@@ -198,7 +199,7 @@ def test_with_every_slot_busy_a_tick_writes_outcomes_without_claiming() -> None:
 
 
 def test_stop_settles_the_claim_in_flight_and_leaves_the_hub_clean() -> None:
-    driver, hub, socket, statement, _ = rig()
+    driver, hub, _socket, statement, _ = rig()
     tick(driver, hub)
     driver.stop()
     assert statement.settled == [30.0]
