@@ -27,7 +27,8 @@ WITH up AS (
 )
 SELECT count(*) AS ready FROM {schema}.messages
 WHERE queue = %(name)s AND state = 'ready'
-  AND available_at <= COALESCE(%(now)s::timestamptz, now());
+  AND available_at <= COALESCE(%(now)s::timestamptz, now())
+  AND (expires_at IS NULL OR expires_at > COALESCE(%(now)s::timestamptz, now()));
 
 -- name: queue_touch
 -- Mark queues in use now (a consumer started on them).
@@ -41,10 +42,12 @@ WHERE name = ANY(%(queues)s::text[]);
 SELECT EXISTS (SELECT 1 FROM {schema}.queues WHERE name = %(name)s) AS present;
 
 -- name: queue_size
--- Messages of a queue that a consumer could claim now (RabbitMQ's "ready").
+-- Messages of a queue that a consumer could claim now (RabbitMQ's "ready"): an expired message
+-- no longer counts, as on RabbitMQ, though the message_expire pass removes its row later.
 SELECT count(*) AS ready FROM {schema}.messages
 WHERE queue = %(name)s AND state = 'ready'
-  AND available_at <= COALESCE(%(now)s::timestamptz, now());
+  AND available_at <= COALESCE(%(now)s::timestamptz, now())
+  AND (expires_at IS NULL OR expires_at > COALESCE(%(now)s::timestamptz, now()));
 
 -- name: queue_purge
 -- Delete a queue's ready messages (held ones stay with their consumers), as RabbitMQ does.
