@@ -47,7 +47,7 @@ Transport Options
 * ``heartbeat_ttl`` (float, default 30, seconds): silence after which a consumer is dead.
 * ``rescue_interval`` (float, default 5, seconds): period of the maintenance round (each consumer's
   reconcile of its own rows; rescue, expiry, caps and DLX routing on the elected consumer only).
-* ``compact_interval`` (float, default 300, seconds): period of each consumer's check for
+* ``compact_interval`` (float, default 300, seconds): period of the elected consumer's check for
   index space a drained backlog left behind (REINDEX of a small heap); 0: never.
 * ``max_attempts`` (int, default 20): runs before a message goes to dead letters.
 * ``queue_max_attempts`` (dict, default ``{}``): per-queue ``max_attempts``.
