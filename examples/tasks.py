@@ -28,8 +28,6 @@ import psycopg
 from celery import Celery, Task
 from psycopg import sql
 
-import kombu_akadze
-
 RECORD = "examples.tasks.record"
 SLOW = "examples.tasks.slow"
 DEFAULT_DEMO_SCHEMA = "akadze_demo"
@@ -165,7 +163,10 @@ def ledger(event: str, n: int, attempt: int | None) -> None:
 
 
 def attempt_of(task: Task) -> int | None:
-    """The kombu-akadze attempt of the running message, from its delivery_info (None on other brokers)."""
+    """The kombu-akadze attempt of the running message, from its delivery_info (None on other brokers).
+    Imported here, when a task runs in a worker (which has the package loaded), not at module import."""
+    import kombu_akadze
+
     return kombu_akadze.attempt_of(task.request)
 
 
