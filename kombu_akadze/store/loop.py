@@ -6,7 +6,7 @@ import functools
 import re
 import select
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,10 +64,32 @@ def _rows_of(result: pq.abc.PGresult, conn: psycopg.Connection[Any]) -> list[dic
 
 class LoopClaims(Session):
     """message_ack_claim as Celery's event loop runs it, never blocking the loop: sent in libpq's
-    non-blocking mode, its socket watched by the loop, its result read as it arrives. A thread
-    running the blocking call cost the worker ~0.25 ms of CPU per claim in GIL hand-offs (15 futex
-    calls per task, against none for RabbitMQ's consumer). While one is in flight, any other
-    statement on the session first waits for it and keeps its outcome for message_ack_claim_read()."""
+    non-blocking mode, its socket watched by the loop, its result read as it arrives (a thread running
+    the blocking call would cost the worker GIL hand-offs at every claim). While one is in flight, any
+    other statement on the session first waits for it and keeps its outcome for
+    message_ack_claim_read(). This part owns that state; the session only calls its hooks."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: The statement message_ack_claim_start() sent and whose result has not been read yet.
+        self._in_flight: InFlight | None = None
+        #: The connection the ack+claim statement is prepared on.
+        self._prepared_on: psycopg.Connection[Any] | None = None
+        #: Its outcome, when another statement on this session had to read it first: (ok, value).
+        self._landed: tuple[bool, Any] | None = None
+        #: Called (on whichever thread) before that happens: the event loop stops watching the socket
+        #: (the wait may close and reopen the session) and collects the outcome on its next tick.
+        self.on_claim_landing: Callable[[], None] | None = None
+
+    def _settle(self) -> None:
+        if self._in_flight is not None:
+            self._land_in_flight()
+
+    def _reset(self, *, forget: bool) -> None:
+        self._in_flight = None
+        self._prepared_on = None
+        if forget:
+            self._landed = None
 
     def message_ack_claim_start(
         self, *, acks: Iterable[Tag], queues: Sequence[str], limits: Sequence[int], owner: str
@@ -97,9 +119,9 @@ class LoopClaims(Session):
 
     def _prepare_ack_claim(self, conn: psycopg.Connection[Any], query: bytes) -> None:
         """Prepare the statement once per connection (blocking: one round trip the first time). An
-        unnamed statement is parsed and planned at every claim: 0.15 ms of a 0.7 ms claim here; the
-        prepared one switches to its generic plan, which is safe to keep because the claim and ack
-        functions (migration 0005) plan their own queries to walk the indexes."""
+        unnamed statement is parsed and planned at every claim; the prepared one switches to its generic
+        plan, which is safe to keep because the claim and ack functions (migration 0005) plan their own
+        queries to walk the indexes."""
         if self._prepared_on is conn:
             return
         result = _check(conn.pgconn.prepare(_PREPARED, query), conn)

@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -22,7 +22,6 @@ from kombu_akadze.store import sqlfiles
 from kombu_akadze.urls import mask_password
 
 if TYPE_CHECKING:
-    from kombu_akadze.store.loop import InFlight
     from kombu_akadze.store.records import NewMessage
 
 logger = logging.getLogger("kombu_akadze")
@@ -185,15 +184,6 @@ class Session:
         self.channel = notify_channel(schema)
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.RLock()
-        #: The statement message_ack_claim_start() sent and whose result has not been read yet.
-        self._in_flight: InFlight | None = None
-        #: The connection the event loop's ack+claim statement is prepared on (see LoopClaims).
-        self._prepared_on: psycopg.Connection[Any] | None = None
-        #: Its outcome, when another statement on this session had to read it first: (ok, value).
-        self._landed: tuple[bool, Any] | None = None
-        #: Called (on whichever thread) before that happens: the event loop stops watching the socket
-        #: (the wait may close and reopen the session) and collects the outcome on its next tick.
-        self.on_claim_landing: Callable[[], None] | None = None
         _LIVE_STORES.add(self)
 
     def __repr__(self) -> str:
@@ -232,15 +222,12 @@ class Session:
         if self._conn is not None:
             _INHERITED.append(self._conn)
         self._conn = None
-        self._in_flight = None
-        self._landed = None
-        self._prepared_on = None
+        self._reset(forget=True)
         self._lock = threading.RLock()
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
-        self._in_flight = None
-        self._prepared_on = None
+        self._reset(forget=False)
         if conn is not None:
             with contextlib.suppress(psycopg.Error):  # closing a broken connection: nothing left to save
                 conn.close()
@@ -250,8 +237,7 @@ class Session:
         """The named queries run inside share one transaction and one commit (a maintenance round);
         an error in any of them rolls back all of them."""
         with self._lock:
-            if self._in_flight is not None:
-                self._land_in_flight()
+            self._settle()
             conn = self.connection()
             try:
                 with conn.transaction():
@@ -261,9 +247,13 @@ class Session:
                     self._drop()
                 raise translate(exc, "transaction", self.schema) from exc
 
-    def _land_in_flight(self) -> None:
-        """Wait for the event loop's claim in flight before another statement (see LoopClaims)."""
-        raise RuntimeError("a statement is in flight on this session")
+    def _settle(self) -> None:
+        """Called under the lock before every statement: a part that leaves a statement in flight on the
+        session (store.loop) lands it here first."""
+
+    def _reset(self, *, forget: bool) -> None:
+        """Called when the connection is dropped (or, with *forget*, abandoned after a fork): a part
+        that keeps per-connection state (store.loop) clears it."""
 
     def _message_params(self, message: NewMessage) -> dict[str, Any]:
         return {
@@ -284,8 +274,7 @@ class Session:
     ) -> list[dict[str, Any]]:
         query = sqlfiles.render(name, schema=self.schema)
         with self._lock:
-            if self._in_flight is not None:
-                self._land_in_flight()
+            self._settle()
             conn = self.connection()
             try:
                 with conn.cursor(row_factory=dict_row) as cur:
