@@ -22,8 +22,8 @@ class Vacuumer:
 
     Why its own thread: a VACUUM of a big table takes longer than a heartbeat interval, and the
     heartbeat must not wait for it. Why at all: every message leaves two dead rows (claim, ack);
-    with autovacuum off they pile up and every claim wades through them (measured: 10,000 no-op
-    tasks drain at 200/s over 160,000 dead rows, at 800-900/s right after a VACUUM).
+    with autovacuum off they pile up and every claim wades through them (docs/operations.md has the
+    figures).
     """
 
     def __init__(self, make_store: Callable[[], Store], *, threshold: int = THRESHOLD) -> None:

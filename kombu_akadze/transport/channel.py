@@ -198,7 +198,17 @@ class Channel(ExchangeMixin, virtual.Channel):
     def basic_consume(self, queue: str, no_ack: bool, callback: Any, consumer_tag: str, **kwargs: Any) -> Any:
         result = super().basic_consume(queue, no_ack, callback, consumer_tag, **kwargs)
         if no_ack:
-            self.connection.deliver_without_ack(queue, self.qos)
+            # kombu tracks (and so acks) only deliveries of ack-mode consumers: without this the row of a
+            # no_ack delivery (Celery's pidbox) stayed held, and was rescued and replayed once its worker
+            # left. kombu's own basic_consume keeps the callbacks on the connection, so it is wrapped there.
+            deliver = self.connection._callbacks[queue]
+            qos = self.qos
+
+            def forget_then_deliver(raw_message: dict[str, Any]) -> Any:
+                qos.forget(raw_message["properties"]["delivery_tag"])
+                return deliver(raw_message)
+
+            self.connection._callbacks[queue] = forget_then_deliver
         self.store.queue_touch(queues=[queue])
         return result
 

@@ -201,10 +201,8 @@ class Transport(virtual.Transport):
         )
 
     def _new_store(self, role: str) -> Store:
-        """A session of this connection, bounded by lock_timeout and statement_timeout. The VACUUM
-        fallback's runs without a statement limit: on a big table VACUUM legitimately takes longer, and it
-        waits for no lock (SKIP_LOCKED). The heartbeat's REINDEX sets its own 0.1 s lock limit, on a heap
-        small enough to take milliseconds."""
+        """A session of this connection, bounded by lock_timeout and statement_timeout (the VACUUM
+        fallback's has no statement limit: VACUUM of a big table legitimately takes longer)."""
         opts = self.options
         return Store(
             self.dsn,
@@ -283,18 +281,6 @@ class Transport(virtual.Transport):
         if self.consumed_queues() or self.deliverer.buffered():
             return False
         return not any(qos.holds_unsettled() or qos.pending for qos in self._qoses())
-
-    def deliver_without_ack(self, queue: str, qos: QoS) -> None:
-        """A no_ack consumer's deliveries are forgotten as they are handed over: kombu tracks (and so
-        acks) only deliveries of ack-mode consumers, and the row of a no_ack delivery (Celery's pidbox)
-        stayed held, to be rescued and replayed once its worker left."""
-        deliver = self._callbacks[queue]
-
-        def forget_then_deliver(raw_message: dict[str, Any]) -> Any:
-            qos.forget(raw_message["properties"]["delivery_tag"])
-            return deliver(raw_message)
-
-        self._callbacks[queue] = forget_then_deliver
 
     # -- outcomes and wake-ups ------------------------------------------------
 
