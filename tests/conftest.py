@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import kombu
@@ -10,7 +10,7 @@ import pytest
 
 import kombu_akadze  # noqa: F401  (registers the akadze alias)
 from kombu_akadze.integrations.testing import database_url, fresh_schema, store_for
-from kombu_akadze.store import Store
+from kombu_akadze.store import Store, wake_channel
 
 # Short lease timings so rescue tests finish in seconds; heartbeat_ttl >= 2 x interval.
 FAST = {"heartbeat_interval": 0.25, "heartbeat_ttl": 2.0, "rescue_interval": 0.25, "poll_interval": 0.5}
@@ -47,3 +47,23 @@ def make_connection(pg_url: str, schema: str) -> Iterator[Any]:
     yield make
     for conn in made:
         conn.release()
+
+
+@pytest.fixture
+def parked_listener(pg_url: str, schema: str) -> Iterator[Callable[..., Store]]:
+    """Factory of consumers parked on a queue, as a claim that came back empty parks one, each LISTENing on
+    its own wake channel: what a publish to that queue wakes. Closed at teardown."""
+    made: list[Store] = []
+
+    def park(queue: str, consumer: str = "parked") -> Store:
+        listener = store_for(pg_url, schema)
+        channel = wake_channel(schema, consumer)
+        listener.listen_start(channel=channel)
+        outcome = listener.message_ack_claim(acks=[], queues=[queue], limits=[1], owner=consumer, park=channel)
+        assert outcome.claimed == [], "the queue must be empty to park on it"
+        made.append(listener)
+        return listener
+
+    yield park
+    for listener in made:
+        listener.close()

@@ -69,6 +69,7 @@ class HubDriver:
         self._claim_fd: int | None = None
         self._loop_thread: int | None = None
         self._timer: Any = None
+        self._soon: Any = None
         self._stopped = False
         self._in_flight = False
         #: Whether a claim could find something: set by wake-ups, the poll and full claims;
@@ -96,9 +97,10 @@ class HubDriver:
         if self._registered_fd is not None:
             self.hub.remove_reader(self._registered_fd)
             self._registered_fd = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        for timer in (self._timer, self._soon):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._soon = None
         self.unwatch_claim()
         if self._in_flight:
             self._in_flight = False
@@ -139,6 +141,18 @@ class HubDriver:
                 self.wake()
         else:
             self._watch_claim()
+
+    def claim_soon(self, delay: float) -> None:
+        """Claim again in *delay* seconds (a claim could not park: no wake-up will come for what is being
+        published), unless a claim is due sooner anyway."""
+        if self._stopped or self._soon is not None:
+            return
+
+        def due() -> None:
+            self._soon = None
+            self.wake(ready=True)
+
+        self._soon = self.hub.call_later(delay, due)
 
     def _watch_claim(self) -> None:
         fd = self.claims_of.claim_fd()

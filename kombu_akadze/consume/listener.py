@@ -16,8 +16,10 @@ logger = logging.getLogger("kombu_akadze")
 class Listener:
     """One LISTEN session per consuming connection, re-armed after every reconnect."""
 
-    def __init__(self, store: Store, *, enabled: bool, waker: Waker | None = None) -> None:
+    def __init__(self, store: Store, *, channel: str, enabled: bool, waker: Waker | None = None) -> None:
         self.store = store
+        #: This consumer's own wake-up channel: publishers notify it only while it is parked.
+        self.channel = channel
         self.enabled = enabled
         self.waker = waker
         self.fd: int | None = None
@@ -31,7 +33,7 @@ class Listener:
             return None
         if self.fd is None or not self.store.connected:
             try:
-                self.fd = self.store.listen_start()
+                self.fd = self.store.listen_start(channel=self.channel)
                 self.sessions += 1
             except AkadzeError as exc:
                 self.fd = None

@@ -13,13 +13,16 @@ logger = logging.getLogger("kombu_akadze")
 def run_once(
     store: Store, *, ttl: float, max_attempts: int, consumer_id: str | None = None, now: datetime | None = None
 ) -> dict[str, int]:
-    """Every pass once, in one transaction: rescue the leases of consumers silent for *ttl* s (never
-    *consumer_id*'s own), promote due delayed messages, expire messages past their TTL, route dead
-    letters to their queue's DLX, drop heads beyond x-max-length, delete expired queues. Safe to run
-    from two consumers at once (a hand-over): the passes skip rows another one holds. Counts by kind."""
+    """Every pass once, in one transaction: forget where silent consumers were parked, rescue the leases
+    of consumers silent for *ttl* s (never *consumer_id*'s own), promote due delayed messages, expire
+    messages past their TTL, route dead letters to their queue's DLX, drop heads beyond x-max-length,
+    delete expired queues. Safe to run from two consumers at once (a hand-over): the passes skip rows
+    another one holds. Counts by kind."""
     with store.transaction():
+        unparked = store.waiting_prune(ttl=ttl, now=now)
         rescued = store.lease_rescue(ttl=ttl, max_attempts=max_attempts, consumer_id=consumer_id, now=now)
         counts = {"requeued": len(rescued.ready), "dead": len(rescued.dead), "consumers_gone": rescued.consumers_gone}
+        counts["unparked"] = unparked
         counts["promoted"] = store.message_promote(now=now)
         counts.update(store.message_expire(now=now))
         counts["dead_lettered"] = store.deadletter_route(now=now)

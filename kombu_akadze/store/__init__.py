@@ -13,6 +13,7 @@ from kombu_akadze.store.loop import LoopClaims
 from kombu_akadze.store.maintenance import MaintenanceQueries
 from kombu_akadze.store.messages import MessageQueries
 from kombu_akadze.store.records import (
+    AckClaim,
     ClaimedMessage,
     DeadLetter,
     DeadLetterFilter,
@@ -31,8 +32,8 @@ from kombu_akadze.store.session import (
     connect,
     is_transient,
     kombu_json_setup,
-    notify_channel,
     translate,
+    wake_channel,
 )
 
 
@@ -43,6 +44,7 @@ class Store(MessageQueries, LoopClaims, MaintenanceQueries, AdminQueries):
 __all__ = [
     "DRIVER_VERSION",
     "KEEPALIVE_DEFAULTS",
+    "AckClaim",
     "ClaimedMessage",
     "DeadLetter",
     "DeadLetterFilter",
@@ -58,6 +60,6 @@ __all__ = [
     "connect",
     "is_transient",
     "kombu_json_setup",
-    "notify_channel",
     "translate",
+    "wake_channel",
 ]

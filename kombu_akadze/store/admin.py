@@ -160,9 +160,9 @@ class AdminQueries(Session):
 
     # -- LISTEN -------------------------------------------------------------
 
-    def listen_start(self) -> int:
-        """Open (or reopen) this session, LISTEN on the schema's channel; returns the socket fd."""
-        query = sqlfiles.render("listen_start", channel=self.channel)
+    def listen_start(self, *, channel: str) -> int:
+        """Open (or reopen) this session, LISTEN on a consumer's wake-up channel; returns the socket fd."""
+        query = sqlfiles.render("listen_start", channel=channel)
         with self._lock:
             conn = self.connection()
             try:
@@ -228,7 +228,7 @@ class AdminQueries(Session):
     def deadletter_replay(
         self, *, where: DeadLetterFilter, limit: int | None = None, now: datetime | None = None
     ) -> ReplayResult:
-        params = {**where.params(), "limit": limit, "now": now, "channel": self.channel}
+        params = {**where.params(), "limit": limit, "now": now}
         rows = self._run("deadletter_replay", params)
         return ReplayResult(
             replayed=frozenset(int(r["id"]) for r in rows if r["outcome"] == "replayed"),

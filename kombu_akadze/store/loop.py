@@ -17,7 +17,7 @@ from psycopg.adapt import PyFormat, Transformer
 
 from kombu_akadze.errors import DatabaseError
 from kombu_akadze.store import sqlfiles
-from kombu_akadze.store.records import ClaimedMessage, Tag, ack_claim_outcome, ack_claim_params
+from kombu_akadze.store.records import AckClaim, Tag, ack_claim_outcome, ack_claim_params
 from kombu_akadze.store.session import Session, is_transient, translate
 
 #: Results in binary: no text escaping of bytea bodies.
@@ -92,10 +92,16 @@ class LoopClaims(Session):
             self._landed = None
 
     def message_ack_claim_start(
-        self, *, acks: Iterable[Tag], queues: Sequence[str], limits: Sequence[int], owner: str
+        self,
+        *,
+        acks: Iterable[Tag],
+        queues: Sequence[str],
+        limits: Sequence[int],
+        owner: str,
+        park: str | None = None,
     ) -> int:
         """Send message_ack_claim without waiting; returns the socket to watch for its result."""
-        params = ack_claim_params(acks, queues, limits, owner, None, durable=self.durable_acks)
+        params = ack_claim_params(acks, queues, limits, owner, None, durable=self.durable_acks, park=park)
         with self._lock:
             if self._in_flight is not None or self._landed is not None:
                 raise RuntimeError("message_ack_claim is already in flight on this session")
@@ -129,7 +135,7 @@ class LoopClaims(Session):
             raise psycopg.OperationalError(f"preparing message_ack_claim: status {result.status}")
         self._prepared_on = conn
 
-    def message_ack_claim_read(self) -> tuple[list[ClaimedMessage], set[int]] | None:
+    def message_ack_claim_read(self) -> AckClaim | None:
         """Read what arrived for the statement in flight: its outcome once complete, else None.
         Raises its error (translated) when it failed; the session is then closed if broken."""
         with self._lock:
@@ -173,7 +179,7 @@ class LoopClaims(Session):
         else:
             self._landed = (True, outcome)
 
-    def message_ack_claim_wait(self, timeout: float | None) -> tuple[list[ClaimedMessage], set[int]] | None:
+    def message_ack_claim_wait(self, timeout: float | None) -> AckClaim | None:
         """Block up to *timeout* seconds (None: until it ends) for the statement in flight; its outcome,
         or None if it is still running then."""
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -42,10 +42,13 @@ class MaintenanceQueries(Session):
                 "max_attempts": max_attempts,
                 "exhausted_reason": EXHAUSTED,
                 "now": now,
-                "channel": self.channel,
             },
         )
         return requeue_outcome(rows)
+
+    def waiting_prune(self, *, ttl: float, now: datetime | None = None) -> int:
+        """Forget where consumers silent for *ttl* s were parked; how many rows went."""
+        return int(self._run("waiting_prune", {"ttl": float(ttl), "now": now})[0]["unparked"])
 
     def lease_orphans(
         self, *, consumer_id: str, tracked: Collection[int], ttl: float, now: datetime | None = None
@@ -57,10 +60,10 @@ class MaintenanceQueries(Session):
         return {int(r["id"]): int(r["run_count"]) for r in rows}
 
     def message_promote(self, *, now: datetime | None = None) -> int:
-        return int(self._run("message_promote", {"now": now, "channel": self.channel})[0]["promoted"])
+        return int(self._run("message_promote", {"now": now})[0]["promoted"])
 
     def deadletter_route(self, *, now: datetime | None = None) -> int:
-        return int(self._run("deadletter_route", {"now": now, "channel": self.channel})[0]["dead_lettered"])
+        return int(self._run("deadletter_route", {"now": now})[0]["dead_lettered"])
 
     def queue_cap(self) -> int:
         return int(self._run("queue_cap")[0]["capped"])

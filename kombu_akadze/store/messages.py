@@ -10,6 +10,7 @@ from psycopg.types.json import Jsonb
 
 from kombu_akadze.store.records import (
     EXHAUSTED,
+    AckClaim,
     ClaimedMessage,
     NewMessage,
     Outcome,
@@ -55,7 +56,6 @@ class MessageQueries(Session):
                 "delays": [float(m.delay) for m in messages],
                 "ttls": [m.ttl for m in messages],
                 "now": now,
-                "channel": self.channel,
             },
         )
         return len(messages)
@@ -81,7 +81,6 @@ class MessageQueries(Session):
                 "ttls": [m.ttl for m in messages],
                 "not_befores": [m.not_before for m in messages],
                 "now": now,
-                "channel": self.channel,
             },
         )
         return int(rows[0]["inserted"]), int(rows[0]["routed"])
@@ -103,11 +102,12 @@ class MessageQueries(Session):
         limits: Sequence[int],
         owner: str,
         now: datetime | None = None,
-    ) -> tuple[list[ClaimedMessage], set[int]]:
-        """Write finished runs and claim the next messages in one statement: (claimed, acked ids)."""
-        rows = self._run(
-            "message_ack_claim", ack_claim_params(acks, queues, limits, owner, now, durable=self.durable_acks)
-        )
+        park: str | None = None,
+    ) -> AckClaim:
+        """Write finished runs and claim the next messages in one statement; with *park* (the consumer's
+        wake-up channel) it also parks on the queues the claim came back short for (claim_park)."""
+        params = ack_claim_params(acks, queues, limits, owner, now, durable=self.durable_acks, park=park)
+        rows = self._run("message_ack_claim", params)
         return ack_claim_outcome(rows)
 
     # Every outcome is fenced on (id, run_count) and on the owner, the consumer that claimed the run.
@@ -116,7 +116,7 @@ class MessageQueries(Session):
         return self._ids("message_ack", tags, owner=owner, durable=self.durable_acks)
 
     def message_release(self, tags: Iterable[Tag], *, owner: str) -> set[int]:
-        return self._ids("message_release", tags, owner=owner, channel=self.channel)
+        return self._ids("message_release", tags, owner=owner)
 
     def message_bury(self, tags: Iterable[Tag], *, reason: str, owner: str) -> set[int]:
         return self._ids("message_bury", tags, reason=reason, owner=owner)
@@ -133,7 +133,6 @@ class MessageQueries(Session):
                 "owner": owner,
                 "max_attempts": max_attempts,
                 "exhausted_reason": EXHAUSTED,
-                "channel": self.channel,
             },
         )
         return requeue_outcome(rows)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 #: A claimed run of a message: the row id and the run_count it was claimed with.
 Tag = tuple[int, int]
@@ -75,17 +75,29 @@ def ack_claim_params(
     now: datetime | None,
     *,
     durable: bool,
+    park: str | None = None,
 ) -> dict[str, Any]:
     """The parameters of message_ack_claim, for the blocking and the event-loop paths alike."""
     ack_ids, ack_run_counts = split_tags(acks)
     return {"ack_ids": ack_ids, "ack_run_counts": ack_run_counts, "queues": list(queues),
-            "limits": list(limits), "owner": owner, "now": now, "durable": durable}  # fmt: skip
+            "limits": list(limits), "owner": owner, "now": now, "durable": durable, "park": park}  # fmt: skip
 
 
-def ack_claim_outcome(rows: list[dict[str, Any]]) -> tuple[list[ClaimedMessage], set[int]]:
-    """message_ack_claim's rows: (claimed messages, acked ids)."""
-    acked = {int(r["id"]) for r in rows if r["acked"]}
-    return claimed_messages([r for r in rows if not r["acked"]]), acked
+class AckClaim(NamedTuple):
+    """What one message_ack_claim did."""
+
+    claimed: list[ClaimedMessage]
+    acked: set[int]
+    #: Queues the claim came back short for and could not park on (a publish to them was committing
+    #: at that moment): claim again at once, do not wait for a wake-up.
+    retry: frozenset[str] = frozenset()
+
+
+def ack_claim_outcome(rows: list[dict[str, Any]]) -> AckClaim:
+    """message_ack_claim's rows: claimed messages, acked ids, queues to claim again at once."""
+    acked = {int(r["id"]) for r in rows if r["kind"] == "acked"}
+    retry = frozenset(r["queue"] for r in rows if r["kind"] == "retry")
+    return AckClaim(claimed_messages([r for r in rows if r["kind"] == "claimed"]), acked, retry)
 
 
 def claimed_messages(rows: list[dict[str, Any]]) -> list[ClaimedMessage]:

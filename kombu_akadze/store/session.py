@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import threading
@@ -150,10 +151,11 @@ def kombu_json_setup(conn: psycopg.Connection[Any]) -> None:
     psycopg.types.json.set_json_dumps(kombu_json.dumps, conn)
 
 
-def notify_channel(schema: str) -> str:
-    """The NOTIFY channel of one schema: at most 63 bytes (pg_notify refuses longer ones, LISTEN would
-    truncate them), cut at a character boundary; the schema name may be multibyte."""
-    return ("akadze." + schema).encode("utf-8")[:63].decode("utf-8", "ignore")
+def wake_channel(schema: str, consumer_id: str) -> str:
+    """The NOTIFY channel on which one consumer of one schema is woken (see the wake function): a digest,
+    so any schema name and consumer id fit PostgreSQL's 63 bytes (pg_notify refuses longer ones)."""
+    digest = hashlib.sha256(f"{schema}\0{consumer_id}".encode()).hexdigest()[:40]
+    return f"akadze.{digest}"
 
 
 class Session:
@@ -181,7 +183,6 @@ class Session:
         #: Seconds any statement may wait for a lock / run (0: off; None: the server's settings).
         self.lock_timeout = lock_timeout
         self.statement_timeout = statement_timeout
-        self.channel = notify_channel(schema)
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.RLock()
         _LIVE_STORES.add(self)
@@ -266,7 +267,6 @@ class Session:
             "delay": float(message.delay),
             "ttl": message.ttl,
             "not_before": message.not_before,
-            "channel": self.channel,
         }
 
     def _run(

@@ -20,6 +20,11 @@ logger = logging.getLogger("kombu_akadze")
 
 Taken = list[tuple[QoS, list[Outcome]]]
 
+#: After a claim that could not park (a publish to its queue was committing), claim again after this
+#: long, doubling while it keeps happening (a user's transaction may hold an enqueue open) up to RETRY_MAX.
+RETRY_FIRST = 0.01
+RETRY_MAX = 1.0
+
 
 def _tags_of(taken: Taken) -> list[tuple[int, int]]:
     return [parse_tag(tag) for _, batch in taken for _, tag in batch]
@@ -50,6 +55,10 @@ class ClaimCycle:
         self._outcome: tuple[bool, Any] | None = None
         #: How many messages the last event-loop claim got (acks-only rounds leave it alone).
         self._last_claimed = 0
+        #: Seconds until the next claim when the last one could not park on some queue; None otherwise.
+        self.retry_delay: float | None = None
+        #: Told that delay on the event-loop path (the driver schedules a claim).
+        self.on_retry: Callable[[float], None] = lambda delay: None
 
     def claim(self, queues: list[str], limits: list[int]) -> list[ClaimedMessage]:
         """Claim on this thread, carrying the buffered acks of every channel (one round trip)."""
@@ -59,16 +68,17 @@ class ClaimCycle:
         taken = self._take_acks()
         self.lease.claim_started()
         try:
-            claimed, done = self.store.message_ack_claim(
-                acks=_tags_of(taken), queues=queues, limits=limits, owner=self.owner
+            outcome = self.store.message_ack_claim(
+                acks=_tags_of(taken), queues=queues, limits=limits, owner=self.owner, park=self.lease.park_channel()
             )
         except AkadzeError:
             self._acks_failed(taken)  # still ours to write: retried with the next claim or flush
             raise
         finally:
             self.lease.claim_ended()
-        self._acks_written(taken, done)
-        return claimed
+        self._acks_written(taken, outcome.acked)
+        self._note_retry(bool(outcome.retry))
+        return outcome.claimed
 
     # -- the event loop's claims (see consume.driver.HubDriver) ---------------
 
@@ -95,7 +105,9 @@ class ClaimCycle:
         store = self.store
         try:
             queues, limits = list(plan.wanted), list(plan.wanted.values())
-            store.message_ack_claim_start(acks=_tags_of(taken), queues=queues, limits=limits, owner=self.owner)
+            store.message_ack_claim_start(
+                acks=_tags_of(taken), queues=queues, limits=limits, owner=self.owner, park=self.lease.park_channel()
+            )
             if self._loop_idle():  # nothing for the loop to do meanwhile: wait here, claim_done() is True now
                 self._outcome = (True, store.message_ack_claim_wait(None))
         except AkadzeError as exc:
@@ -146,11 +158,13 @@ class ClaimCycle:
         if not ok:
             self._acks_failed(taken)  # still ours to write: retried with the next claim or flush
             raise value
-        claimed, done = value
-        self._acks_written(taken, done)
+        self._acks_written(taken, value.acked)
         if plan.wanted:
-            self._last_claimed = len(claimed)
-        return self.deliverer.finish_round(plan, claimed)[1]
+            self._last_claimed = len(value.claimed)
+            self._note_retry(bool(value.retry))
+            if self.retry_delay is not None:
+                self.on_retry(self.retry_delay)
+        return self.deliverer.finish_round(plan, value.claimed)[1]
 
     def settle_claim(self, timeout: float) -> None:
         """At stop: wait for a statement in flight and buffer its messages, so closing the channel gives
@@ -177,6 +191,15 @@ class ClaimCycle:
             self.finish_claim()
         except AkadzeError as exc:
             logger.warning("kombu-akadze: the last claim before stop failed: %s", exc)
+
+    def _note_retry(self, retry: bool) -> None:
+        """A queue the claim came back short for could not be parked on: a publish to it is committing
+        (or a transaction that enqueued to it is still open), so no wake-up will come for that message;
+        claim again soon, backing off while it lasts."""
+        if not retry:
+            self.retry_delay = None
+        else:
+            self.retry_delay = RETRY_FIRST if self.retry_delay is None else min(2 * self.retry_delay, RETRY_MAX)
 
     def _loop_idle(self) -> bool:
         """No message delivered and unsettled, none buffered, and the last claim found nothing: a task

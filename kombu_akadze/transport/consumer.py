@@ -16,7 +16,7 @@ from kombu_akadze.lease.compact import Compactor
 from kombu_akadze.lease.heartbeat import Heartbeat
 from kombu_akadze.lease.vacuum import Vacuumer
 from kombu_akadze.options import Options
-from kombu_akadze.store import Store
+from kombu_akadze.store import Store, wake_channel
 
 logger = logging.getLogger("kombu_akadze")
 
@@ -37,6 +37,7 @@ class ConsumerLease:
         holds_nothing: Callable[[], bool],
         on_beat: Callable[[], None],
         looping: Callable[[], bool],
+        listening: Callable[[], bool],
     ) -> None:
         self.options = options
         self.consumer_id = consumer_id
@@ -47,12 +48,15 @@ class ConsumerLease:
         self._holds_nothing = holds_nothing
         self._on_beat = on_beat
         self._looping = looping
+        self._listening = listening
         self._lock = threading.Lock()
         #: Claim statements under way (guarded by _lock): their rows are not buffered yet, so neither
         #: the reconcile nor the idle stop may run meanwhile.
         self._claims_in_flight = 0
         self.heartbeat: Heartbeat | None = None
         self.listener: Listener | None = None
+        #: Where publishers wake this consumer while it is parked on a queue (see store.wake_channel).
+        self.channel = wake_channel(options.schema, consumer_id)
 
     def ensure(self) -> None:
         """Register this connection as a consumer and start its heartbeat (raises if the database refuses)."""
@@ -82,7 +86,19 @@ class ConsumerLease:
             heartbeat.start()
             self.heartbeat = heartbeat
             if self.listener is None:
-                self.listener = Listener(self._new_store("listen"), enabled=opts.listen, waker=self._waker)
+                self.listener = Listener(
+                    self._new_store("listen"), channel=self.channel, enabled=opts.listen, waker=self._waker
+                )
+
+    def park_channel(self) -> str | None:
+        """The channel to park with when a claim comes back short: only for a connection that waits on
+        its LISTEN session (an event loop, or drain_events) and while that session is armed. A client
+        that only gets (basic_get), or polls without LISTEN, must not park: its rows would take the
+        wake-ups meant for consumers that wait for them."""
+        listener = self.listener
+        if listener is None or not self._listening():
+            return None
+        return self.channel if listener.arm() is not None else None
 
     def may_claim(self) -> bool:
         """Whether a claim may run: the lease is registered and its last heartbeat is younger than the

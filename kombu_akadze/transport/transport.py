@@ -52,7 +52,8 @@ Transport Options
 * ``max_attempts`` (int, default 20): runs before a message goes to dead letters.
 * ``queue_max_attempts`` (dict, default ``{}``): per-queue ``max_attempts``.
 * ``poll_interval`` (float, default 1, seconds; alias ``polling_interval``): safety poll.
-* ``listen`` (bool, default ``True``): LISTEN/NOTIFY wake-ups (off for PgBouncer).
+* ``listen`` (bool, default ``True``): a consumer whose claim comes back short parks on its
+  queues and is woken by the next publish, on a LISTEN channel of its own (off: it polls).
 * ``listen_poll_interval`` (float, default 10, seconds): safety poll while LISTEN is armed.
 * ``event_route_cache`` (float, default 10, seconds): how long "no monitor bound to the event
   exchange" is remembered, so idle workers' heartbeat events cost no round trip.
@@ -158,6 +159,7 @@ class Transport(virtual.Transport):
             holds_nothing=self._holds_nothing,
             on_beat=self._flush_from_heartbeat,
             looping=lambda: self._driver is not None,
+            listening=lambda: self._draining or self._driver is not None,
         )
 
     # -- connection ---------------------------------------------------------
@@ -362,6 +364,7 @@ class Transport(virtual.Transport):
             check=self.lease.check,
         )
         self._driver.start()
+        self.claims.on_retry = self._driver.claim_soon
 
     def unregister_from_event_loop(self, connection: Any, loop: Any) -> None:
         driver, self._driver = self._driver, None
@@ -391,6 +394,8 @@ class Transport(virtual.Transport):
             listener = self.lease.listener
             armed = listener is not None and listener.fd is not None
             wait = jittered(self.options.listen_poll_interval if armed else self.options.poll_interval)
+            if self.claims.retry_delay is not None:
+                wait = min(wait, self.claims.retry_delay)  # it could not park: no wake-up will come
             if deadline is not None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:

@@ -40,7 +40,7 @@ def main() -> None:
     while True:  # the link takes a moment to come up
         try:
             busy.message_counts()
-            fd = idle.listen_start()
+            fd = idle.listen_start(channel="akadze.probe")
             break
         except AkadzeError:
             if time.monotonic() > deadline:

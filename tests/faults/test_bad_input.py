@@ -161,8 +161,8 @@ EVIL_NAMES = (
     "q" * 300,
     "a.(b|c)+[x]*?^$",
 )
-#: Quotes, a semicolon and multibyte characters: 46 characters, 58 bytes (the NOTIFY channel
-#: "akadze.<schema>" would be 65 bytes, over PostgreSQL's 63).
+#: Quotes, a semicolon and multibyte characters: 46 characters, 58 bytes (a NOTIFY channel named
+#: after it would be over PostgreSQL's 63 bytes: wake channels are digests).
 EVIL_SCHEMA = 'q"; DROP SCHEMA public CASCADE; --' + "é" * 12
 
 

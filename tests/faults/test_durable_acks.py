@@ -49,8 +49,8 @@ def test_acks_and_claims_skip_the_wal_flush_unless_durable_acks(pg_server: PgSer
         _require_standby(pg_server)
 
         # Relaxed (the default): claim, then ack + claim, then a plain ack: each returns, no standby.
-        (first,), _ = _returns(lambda: relaxed.message_ack_claim(acks=[], queues=[QUEUE], limits=[1], owner="c"))
-        (second,), acked = _returns(
+        (first,), _, _ = _returns(lambda: relaxed.message_ack_claim(acks=[], queues=[QUEUE], limits=[1], owner="c"))
+        (second,), acked, _ = _returns(
             lambda: relaxed.message_ack_claim(acks=[first.tag], queues=[QUEUE], limits=[1], owner="c")
         )
         assert acked == {first.id}

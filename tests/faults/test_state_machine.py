@@ -184,7 +184,7 @@ class StoreMachine(RuleBasedStateMachine):
             return
         consumer, tag = picked
         live = self.m.current(tag)
-        got, acked = self.w.stores[consumer].message_ack_claim(
+        got, acked, _ = self.w.stores[consumer].message_ack_claim(
             acks=[tag], queues=[QUEUE], limits=[limit], owner=consumer, now=self.now()
         )
         assert acked == ({tag[0]} if live else set())

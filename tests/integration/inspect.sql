@@ -56,8 +56,8 @@ SELECT name FROM pg_prepared_statements WHERE statement LIKE '-- The hot path in
 
 -- name: explain_prepared_claim
 -- What this session's prepared claim reads to claim one message of queue 'q' (functions included).
--- Parameters in order of first use: durable, ack_ids, ack_run_counts, owner, queues, limits, now.
-EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {statement}(false, '{}', '{}', 'plan-probe', '{q}', '{1}', NULL);
+-- Parameters in order of first use: durable, ack_ids, ack_run_counts, owner, queues, limits, now, park.
+EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {statement}(false, '{}', '{}', 'plan-probe', '{q}', '{1}', NULL, NULL);
 
 -- name: auto_explain_load
 -- The server's auto_explain module in this session (superuser; contrib).
@@ -108,3 +108,12 @@ WHERE datname = current_database() AND pid <> pg_backend_pid() AND wait_event_ty
 -- name: timeouts_show
 -- The lock and statement timeouts of this session, as PostgreSQL shows them.
 SELECT current_setting('lock_timeout'), current_setting('statement_timeout');
+
+-- name: waiting_rows
+-- Who is parked on which queue, longest first.
+SELECT queue, consumer FROM {schema}.waiting ORDER BY since, consumer;
+
+
+-- name: wake_call
+-- The wake function as the publish statements call it: how many consumers it woke.
+SELECT {schema}.wake(%(queues)s::text[]) AS woken;

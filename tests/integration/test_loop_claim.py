@@ -29,7 +29,7 @@ def _locked(pg_url: str, schema: str, store: Store) -> psycopg.Connection:
     """A session holding an ACCESS EXCLUSIVE lock on the messages table until it commits (after one
     claim on *store*, which prepares the statement: PREPARE itself would wait for the lock)."""
     store.message_ack_claim_start(acks=[], queues=["warm-up"], limits=[1], owner=OWNER)
-    assert store.message_ack_claim_wait(30) == ([], set())
+    assert store.message_ack_claim_wait(30) == ([], set(), frozenset())
     conn = psycopg.connect(pg_url)
     conn.execute(SQL["lock_messages_exclusive"].replace("{schema}", sqlfiles.quote_ident(schema)))
     return conn
@@ -42,7 +42,7 @@ def test_a_sent_claim_gives_what_the_blocking_claim_gives(loop_store: Store, sto
     loop_store.message_ack_claim_start(acks=[], queues=["q"], limits=[3], owner=OWNER)
     outcome = loop_store.message_ack_claim_wait(30)
     assert outcome is not None
-    claimed, acked = outcome
+    claimed, acked, _ = outcome
     assert acked == set()
     assert [m.body for m in claimed] == [bytes([0, 255, i]) for i in range(3)]
     assert [m.headers for m in claimed] == [{"i": i, "eta": when} for i in range(3)]
@@ -50,7 +50,7 @@ def test_a_sent_claim_gives_what_the_blocking_claim_gives(loop_store: Store, sto
     loop_store.message_ack_claim_start(acks=[m.tag for m in claimed], queues=["q"], limits=[5], owner=OWNER)
     outcome = loop_store.message_ack_claim_wait(30)
     assert outcome is not None
-    rest, acked = outcome
+    rest, acked, _ = outcome
     assert acked == {m.id for m in claimed}
     assert [m.body for m in rest] == [bytes([0, 255, i]) for i in (3, 4)]
     assert store.message_counts() == {("q", "held"): 2}
@@ -98,7 +98,7 @@ def test_a_second_claim_before_the_first_is_read_is_refused(loop_store: Store) -
     loop_store.message_ack_claim_start(acks=[], queues=["q"], limits=[1], owner=OWNER)
     with pytest.raises(RuntimeError, match="already in flight"):
         loop_store.message_ack_claim_start(acks=[], queues=["q"], limits=[1], owner=OWNER)
-    assert loop_store.message_ack_claim_wait(30) == ([], set())
+    assert loop_store.message_ack_claim_wait(30) == ([], set(), frozenset())
 
 
 def test_a_session_ended_mid_claim_is_a_transient_error_and_the_next_claim_reconnects(
@@ -143,7 +143,7 @@ def test_the_loop_claim_is_prepared_once_per_connection_and_keeps_its_generic_pl
             tags = [m.tag for m in outcome[0]]
             assert len(tags) == 1
         loop_store.message_ack_claim_start(acks=tags, queues=["q"], limits=[1], owner=OWNER)
-        assert loop_store.message_ack_claim_wait(30) == ([], {tags[0][0]})
+        assert loop_store.message_ack_claim_wait(30) == ([], {tags[0][0]}, frozenset())
         plans = loop_store.connection().execute(SQL["loop_claim_plans"]).fetchall()
         if loop_store.prepared_statements:
             assert len(plans) == 1
@@ -170,7 +170,7 @@ def test_a_prepared_claim_walks_the_indexes_once_a_backlog_arrives(pg_url: str, 
     try:
         for _ in range(20):  # psycopg prepares after 5 runs; PostgreSQL weighs a generic plan after 5 more
             store.message_insert(NewMessage(queue="q", body=b"w"))
-            claimed, _ = s.message_ack_claim(acks=[], queues=["q"], limits=[1], owner=OWNER)
+            claimed, _, _ = s.message_ack_claim(acks=[], queues=["q"], limits=[1], owner=OWNER)
             assert len(claimed) == 1
             s.message_ack([m.tag for m in claimed], owner=OWNER)
         store.message_insert_many([NewMessage(queue="q", body=b"b" * 100)] * 200_000)

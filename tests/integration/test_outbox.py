@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
@@ -16,7 +16,7 @@ from celery import Celery, group
 from kombu import Exchange, Queue
 
 from kombu_akadze.integrations import outbox
-from kombu_akadze.integrations.testing import eventually, store_for
+from kombu_akadze.integrations.testing import eventually
 from kombu_akadze.store import NewMessage, Store
 
 ADD = "outbox_test.add"
@@ -125,10 +125,9 @@ def test_commit_makes_a_message_celery_decodes_as_the_task_and_its_arguments(
 
 
 def test_nothing_is_visible_or_notified_before_commit(
-    app: Celery, conn: psycopg.Connection[Any], store: Store, pg_url: str, schema: str
+    app: Celery, conn: psycopg.Connection[Any], store: Store, parked_listener: Callable[..., Store]
 ) -> None:
-    listener = store_for(pg_url, schema)  # a session of its own, as a consumer's LISTEN session is
-    listener.listen_start()
+    listener = parked_listener("celery")  # a consumer waiting on the queue
     outbox.enqueue(conn, ADD, (1, 1), app=app)
     assert store.message_counts() == {}
     assert listener.listen_notifies() == []

@@ -46,7 +46,7 @@ def test_a_claim_whose_reply_was_lost_is_given_back_while_the_consumer_lives(
     sent = 6
     for i in range(sent):
         producer.publish({"i": i}, routing_key="strand")
-    lost, _ = store.message_ack_claim(acks=[], queues=["strand"], limits=[3], owner=conn.transport.consumer_id)
+    lost, _, _ = store.message_ack_claim(acks=[], queues=["strand"], limits=[3], owner=conn.transport.consumer_id)
     assert [m.attempts for m in lost] == [1, 1, 1]
 
     with caplog.at_level(logging.WARNING, logger="kombu_akadze"):

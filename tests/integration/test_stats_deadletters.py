@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import urllib.request
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -170,10 +171,9 @@ def test_replay_keeps_run_count_so_a_stale_tag_cannot_ack_the_replayed_message(s
     assert store.message_ack([second.tag], owner=OWNER) == {first.id}
 
 
-def test_replay_wakes_listeners_of_the_queue(pg_url: str, schema: str, store: Store) -> None:
+def test_replay_wakes_a_consumer_parked_on_the_queue(store: Store, parked_listener: Callable[..., Store]) -> None:
     bury(store, "wake-me", 1)
-    listener = Store(pg_url, schema=schema, role="listen")
-    listener.listen_start()
+    listener = parked_listener("wake-me")
     try:
         deadletters.replay(store, deadletters.matching(queue="wake-me"))
         heard: list[str] = []

@@ -124,7 +124,7 @@ def test_a_run_the_server_lost_and_gave_again_fences_every_late_outcome_of_the_f
     (b_run,) = claim(store, owner="consumer-b")
     assert b_run.tag == a_run.tag
     assert store.message_ack([a_run.tag], owner="consumer-a") == set()
-    assert store.message_ack_claim(acks=[a_run.tag], queues=["q"], limits=[1], owner="consumer-a") == ([], set())
+    assert store.message_ack_claim(acks=[a_run.tag], queues=["q"], limits=[1], owner="consumer-a")[:2] == ([], set())
     assert store.message_release([a_run.tag], owner="consumer-a") == set()
     assert store.message_bury([a_run.tag], reason="late", owner="consumer-a") == set()
     requeued = store.message_requeue([a_run.tag], max_attempts=20, owner="consumer-a")

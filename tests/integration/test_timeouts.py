@@ -81,7 +81,7 @@ def test_the_event_loops_inline_claim_gives_up_within_the_lock_timeout(
     loop, owner = transport.store, transport.consumer_id
     loop.consumer_heartbeat(consumer_id=owner, hostname="h", pid=1)
     loop.message_ack_claim_start(acks=[], queues=["warm-up"], limits=[1], owner=owner)  # prepared before the lock
-    assert loop.message_ack_claim_wait(30) == ([], set())
+    assert loop.message_ack_claim_wait(30) == ([], set(), frozenset())
     locker = _lock_messages(pg_url, schema)
     try:
         loop.message_ack_claim_start(acks=[], queues=["q"], limits=[1], owner=owner)

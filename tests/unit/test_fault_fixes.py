@@ -12,16 +12,18 @@ from kombu_akadze.consume.driver import HubDriver
 from kombu_akadze.consume.listener import Listener
 from kombu_akadze.consume.wakeups import Waker
 from kombu_akadze.errors import TransientDatabaseError
-from kombu_akadze.store import notify_channel
+from kombu_akadze.store import wake_channel
 from kombu_akadze.transport.channel import Channel, _storable_headers
 
 
 @pytest.mark.parametrize("schema", ["akadze", "é" * 48, "q" * 48, "队列" * 24, "🐘" * 48])
-def test_the_notify_channel_fits_63_bytes_and_stays_valid_utf8(schema: str) -> None:
-    channel = notify_channel(schema)
+def test_a_consumers_wake_channel_fits_63_bytes_whatever_the_schema_and_is_its_own(schema: str) -> None:
+    channel = wake_channel(schema, "host:1234:" + "c" * 100)
     assert len(channel.encode("utf-8")) <= 63
+    assert channel.isascii()
     assert channel.startswith("akadze.")
-    assert ("akadze." + schema).startswith(channel)
+    assert channel != wake_channel(schema, "host:1234:other")
+    assert channel != wake_channel(schema + "x", "host:1234:" + "c" * 100)
 
 
 def test_nuls_in_celerys_repr_headers_are_escaped_and_other_headers_left_alone() -> None:
@@ -67,7 +69,7 @@ class _ListenStore:
     def __init__(self) -> None:
         self.connected = False
 
-    def listen_start(self) -> int:
+    def listen_start(self, *, channel: str) -> int:
         self.connected = True
         return 42
 
@@ -81,7 +83,7 @@ class _ListenStore:
 def test_a_relistened_socket_with_the_same_fd_number_is_registered_with_the_hub_again() -> None:
     hub = _Hub()
     waker = Waker()
-    listener = Listener(_ListenStore(), enabled=True, waker=waker)  # type: ignore[arg-type]
+    listener = Listener(_ListenStore(), channel="akadze.test", enabled=True, waker=waker)  # type: ignore[arg-type]
     driver = HubDriver(
         hub=hub,
         listener=listener,

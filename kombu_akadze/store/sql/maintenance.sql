@@ -24,6 +24,11 @@ WITH beat AS (
         consumed_at = COALESCE(consumed_at, COALESCE(%(now)s::timestamptz, now()))
     WHERE name = ANY(%(queues)s::text[])
     RETURNING 1
+), unparked AS (
+    -- A queue no longer consumed is no longer waited on.
+    DELETE FROM {schema}.waiting AS w
+    WHERE w.consumer = %(id)s AND w.queue <> ALL(%(queues)s::text[])
+    RETURNING 1
 )
 SELECT NOT EXISTS (
            SELECT 1 FROM {schema}.consumers AS c, beat
@@ -31,10 +36,14 @@ SELECT NOT EXISTS (
              AND c.id <> %(id)s
              AND (c.started_at, c.id) < (beat.started_at, %(id)s::text)
        ) AS leader,
-       (SELECT count(*) FROM touched) AS queues;
+       (SELECT count(*) FROM touched) AS queues, (SELECT count(*) FROM unparked) AS unparked;
 
 -- name: consumer_delete
--- Forget a consumer that stopped cleanly (after it released what it held).
+-- Forget a consumer that stopped cleanly (after it released what it held), and
+-- where it was parked.
+WITH unparked AS (
+    DELETE FROM {schema}.waiting WHERE consumer = %(id)s RETURNING 1
+)
 DELETE FROM {schema}.consumers WHERE id = %(id)s;
 
 -- name: lease_rescue
@@ -51,7 +60,7 @@ WITH dead_consumers AS (
       AND id IS DISTINCT FROM %(id)s::text
     RETURNING id
 ), rescued AS (
-    SELECT r.message_id, r.outcome
+    SELECT r.message_id, r.outcome, r.queue
     FROM {schema}.requeue_or_bury(ARRAY(
         SELECT m.id
         FROM {schema}.messages AS m
@@ -61,11 +70,27 @@ WITH dead_consumers AS (
                OR (m.claimed_at < COALESCE(%(now)s::timestamptz, now()) - make_interval(secs => %(ttl)s)
                    AND NOT EXISTS (SELECT 1 FROM {schema}.consumers AS c WHERE c.id = m.owner)))
         FOR UPDATE OF m SKIP LOCKED
-    ), %(max_attempts)s::integer, %(exhausted_reason)s::text, %(channel)s::text) AS r
+    ), %(max_attempts)s::integer, %(exhausted_reason)s::text) AS r
+), woken AS (
+    SELECT {schema}.wake(ARRAY(SELECT queue FROM rescued WHERE outcome = 'ready')) AS n
 )
-SELECT message_id AS id, outcome FROM rescued
+SELECT message_id AS id, outcome FROM rescued CROSS JOIN woken
 UNION ALL
 SELECT NULL, 'consumer_gone' FROM dead_consumers;
+
+-- name: waiting_prune
+-- Consumers silent for %(ttl)s seconds (or gone) are no longer parked: a wake-up
+-- sent to one would be lost until the safety poll of another. Runs before
+-- lease_rescue, whose wake-ups then go to live consumers.
+WITH gone AS (
+    DELETE FROM {schema}.waiting AS w
+    WHERE NOT EXISTS (
+        SELECT 1 FROM {schema}.consumers AS c
+        WHERE c.id = w.consumer
+          AND c.heartbeat_at >= COALESCE(%(now)s::timestamptz, now()) - make_interval(secs => %(ttl)s))
+    RETURNING 1
+)
+SELECT count(*) AS unparked FROM gone;
 
 -- name: lease_orphans
 -- Reconcile, detection half: rows held under this consumer's id, claimed more
@@ -82,20 +107,20 @@ WHERE m.state = 'held' AND m.owner = %(id)s
 ORDER BY m.id;
 
 -- name: message_promote
--- Delayed messages whose time has come become ready; one wake-up per queue.
+-- Delayed messages whose time has come become ready, each waking one parked consumer.
 WITH promoted AS (
     UPDATE {schema}.messages AS m SET state = 'ready'
     WHERE m.state = 'delayed' AND m.available_at <= COALESCE(%(now)s::timestamptz, now())
     RETURNING m.queue
 ), woken AS (
-    SELECT pg_notify(%(channel)s, p.queue) FROM (SELECT DISTINCT queue FROM promoted) AS p
+    SELECT {schema}.wake(ARRAY(SELECT queue FROM promoted)) AS n
 )
-SELECT (SELECT count(*) FROM promoted) AS promoted, (SELECT count(*) FROM woken) AS woken;
+SELECT (SELECT count(*) FROM promoted) AS promoted, (SELECT n FROM woken) AS woken;
 
 -- name: deadletter_route
 -- Dead letters of queues that name a dead-letter exchange (RabbitMQ's DLX) are
 -- published there with an x-death entry, as RabbitMQ does; with no matching
--- binding they stay in dead letters (never dropped). One wake-up per queue.
+-- binding they stay in dead letters (never dropped). Each wakes one parked consumer.
 WITH candidates AS (
     SELECT d.id, q.arguments->>'x-dead-letter-exchange' AS dlx,
            COALESCE(q.arguments->>'x-dead-letter-routing-key',
@@ -134,9 +159,9 @@ WITH candidates AS (
     JOIN targets AS t ON t.id = m.id
     RETURNING queue
 ), woken AS (
-    SELECT pg_notify(%(channel)s, r.queue) FROM (SELECT DISTINCT queue FROM routed) AS r
+    SELECT {schema}.wake(ARRAY(SELECT queue FROM routed)) AS n
 )
-SELECT (SELECT count(*) FROM routed) AS dead_lettered, (SELECT count(*) FROM woken) AS woken;
+SELECT (SELECT count(*) FROM routed) AS dead_lettered, (SELECT n FROM woken) AS woken;
 
 -- name: queue_cap
 -- x-max-length with drop-head: the oldest waiting (ready or delayed) messages

@@ -3,7 +3,8 @@
 -- NULL means the database's now().
 
 -- name: message_insert
--- One message into a queue, plus a wake-up (payload: queue name) for listeners.
+-- One message into a queue; a ready one wakes one consumer parked on its queue,
+-- if any (function wake, migration 0008: no NOTIFY when nobody waits).
 -- Due later (delay, or a far ETA as not_before): state 'delayed', promoted when
 -- due. TTL from the message or the queue, whichever is shorter. A queue at its
 -- x-max-length with x-overflow=reject-publish takes nothing (no row returned).
@@ -25,13 +26,14 @@ WITH v AS (
        OR (SELECT count(*) FROM {schema}.messages AS c
            WHERE c.queue = %(queue)s AND c.state IN ('ready', 'delayed')) < q.max_length
     RETURNING id, queue, state
+), woken AS (
+    SELECT {schema}.wake(ARRAY(SELECT queue FROM ins WHERE state = 'ready')) AS n
 )
-SELECT ins.id FROM ins
-LEFT JOIN LATERAL (SELECT pg_notify(%(channel)s, ins.queue) WHERE ins.state = 'ready') AS n ON true;
+SELECT ins.id FROM ins CROSS JOIN woken;
 
 -- name: message_route
 -- Publish through an exchange in one round trip: a copy for every bound queue
--- that matches (direct: equal key, topic: pattern, fanout: all), each woken;
+-- that matches (direct: equal key, topic: pattern, fanout: all), each waking one parked consumer;
 -- delay, TTL and x-max-length as message_insert.
 WITH v AS (
     SELECT COALESCE(%(now)s::timestamptz, now()) AS now_,
@@ -60,14 +62,16 @@ WITH v AS (
        OR (SELECT count(*) FROM {schema}.messages AS c
            WHERE c.queue = t.queue AND c.state IN ('ready', 'delayed')) < q.max_length
     RETURNING id, queue, state
+), woken AS (
+    SELECT {schema}.wake(ARRAY(SELECT queue FROM ins WHERE state = 'ready')) AS n
 )
-SELECT ins.id, ins.queue, (SELECT count(*) FROM targets) AS targets FROM ins
-LEFT JOIN LATERAL (SELECT pg_notify(%(channel)s, ins.queue) WHERE ins.state = 'ready') AS n ON true
+SELECT ins.id, ins.queue, (SELECT count(*) FROM targets) AS targets FROM ins CROSS JOIN woken
 UNION ALL
 SELECT NULL, NULL, (SELECT count(*) FROM targets) WHERE NOT EXISTS (SELECT 1 FROM ins);
 
 -- name: message_insert_many
--- Many messages in one statement (arrays of equal length), one wake-up per queue.
+-- Many messages in one statement (arrays of equal length); each ready one wakes one
+-- parked consumer of its queue while there are any.
 WITH ins AS (
     INSERT INTO {schema}.messages
         (queue, priority, body, content_type, content_encoding, headers, properties,
@@ -82,17 +86,15 @@ WITH ins AS (
                 %(properties)s::jsonb[], %(delays)s::float8[], %(ttls)s::float8[])
          AS t(queue, priority, body, content_type, content_encoding, headers, properties, delay, ttl)
     LEFT JOIN {schema}.queues AS q ON q.name = t.queue
-    RETURNING id, queue
-), queues AS (
-    SELECT DISTINCT queue FROM ins
+    RETURNING id, queue, state
 )
-SELECT count(*) AS notified FROM queues CROSS JOIN LATERAL (SELECT pg_notify(%(channel)s, queues.queue)) AS n;
+SELECT {schema}.wake(ARRAY(SELECT queue FROM ins WHERE state = 'ready')) AS notified;
 
 -- name: message_route_many
 -- A batch of publishes in one statement (arrays of equal length, in publish
 -- order): each routed through its exchange's bindings ('' = the default
 -- exchange: the routing key names the queue), delay and TTL as message_insert;
--- one wake-up per queue that got a ready message.
+-- each ready copy wakes one parked consumer of its queue while there are any.
 WITH t AS (
     SELECT *
     FROM unnest(%(exchanges)s::text[], %(routing_keys)s::text[], %(priorities)s::smallint[],
@@ -127,10 +129,10 @@ WITH t AS (
     ORDER BY t.ord
     RETURNING id, queue, state
 ), woken AS (
-    SELECT pg_notify(%(channel)s, w.queue) FROM (SELECT DISTINCT queue FROM ins WHERE state = 'ready') AS w
+    SELECT {schema}.wake(ARRAY(SELECT queue FROM ins WHERE state = 'ready')) AS n
 )
 SELECT (SELECT count(*) FROM ins) AS inserted, (SELECT count(DISTINCT ord) FROM targets) AS routed,
-       (SELECT count(*) FROM woken) AS woken;
+       (SELECT n FROM woken) AS woken;
 
 -- name: message_claim
 -- Hold up to limits[i] ready messages of queues[i] for one consumer (function
@@ -143,11 +145,14 @@ FROM {schema}.claim(%(queues)s::text[], %(limits)s::integer[], %(owner)s::text, 
 -- name: message_ack_claim
 -- The hot path in one round trip: delete the runs this consumer finished
 -- (fenced on (id, run_count, owner), as message_ack) and claim the next messages (as
--- message_claim). Rows come back as claimed messages, then acked ids (acked = true).
--- Unless %(durable)s, it commits without waiting for the WAL flush (or a synchronous
--- standby): a server crash may undo the last fraction of a second of acks and
--- claims, so those messages run again; none is lost (see durable_acks). The
--- one-time filters make the set_config run before either branch, rows or not.
+-- message_claim); given a park channel (the consumer's wake-up channel) it parks on the
+-- queues the claim came back short for (function claim_park, migration 0008). Rows
+-- come back by kind: 'claimed' messages, 'acked' ids, and 'retry' queues that could
+-- not be parked on (claim again at once). Unless %(durable)s, it commits without
+-- waiting for the WAL flush (or a synchronous standby): a server crash may undo the
+-- last fraction of a second of acks and claims, so those messages run again; none
+-- is lost (see durable_acks). The one-time filters make the set_config run before
+-- either branch, rows or not.
 WITH relaxed AS (
     SELECT set_config('synchronous_commit',
                       CASE WHEN %(durable)s::boolean THEN current_setting('synchronous_commit') ELSE 'off' END,
@@ -157,11 +162,13 @@ WITH relaxed AS (
 ), claimed AS (
     SELECT c.id, c.queue, c.priority, c.body, c.content_type, c.content_encoding,
            c.headers, c.properties, c.run_count, c.attempts
-    FROM {schema}.claim(%(queues)s::text[], %(limits)s::integer[], %(owner)s::text, %(now)s::timestamptz) AS c
+    FROM {schema}.claim_park(%(queues)s::text[], %(limits)s::integer[], %(owner)s::text, %(now)s::timestamptz,
+                             %(park)s::text) AS c
 )
-SELECT claimed.*, false AS acked FROM claimed WHERE (SELECT sc FROM relaxed) IS NOT NULL
+SELECT claimed.*, CASE WHEN claimed.id IS NULL THEN 'retry' ELSE 'claimed' END AS kind FROM claimed
+WHERE (SELECT sc FROM relaxed) IS NOT NULL
 UNION ALL
-SELECT acked.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, true FROM acked
+SELECT acked.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 'acked' FROM acked
 WHERE (SELECT sc FROM relaxed) IS NOT NULL;
 
 -- name: message_ack
@@ -184,23 +191,29 @@ WITH released AS (
     FROM unnest(%(ids)s::bigint[], %(run_counts)s::integer[]) AS t(id, run_count)
     WHERE m.id = t.id AND m.run_count = t.run_count AND m.state = 'held' AND m.owner = %(owner)s
     RETURNING m.id, m.queue
+), woken AS (
+    SELECT {schema}.wake(ARRAY(SELECT queue FROM released)) AS n
 )
-SELECT released.id FROM released
-CROSS JOIN LATERAL (SELECT pg_notify(%(channel)s, released.queue)) AS n;
+SELECT released.id FROM released CROSS JOIN woken;
 
 -- name: message_requeue
 -- Abnormal end of a run (reject with requeue): the attempt stays spent; ready
 -- again in place, or dead letters once max_attempts is used up (function
 -- requeue_or_bury, migration 0007). Fenced on (id, run_count, owner).
-SELECT r.message_id AS id, r.outcome
-FROM {schema}.requeue_or_bury(ARRAY(
-    SELECT m.id
-    FROM {schema}.messages AS m
-    JOIN unnest(%(ids)s::bigint[], %(run_counts)s::integer[]) AS t(id, run_count)
-      ON m.id = t.id AND m.run_count = t.run_count
-    WHERE m.state = 'held' AND m.owner = %(owner)s
-    FOR UPDATE OF m
-), %(max_attempts)s::integer, %(exhausted_reason)s::text, %(channel)s::text) AS r;
+WITH outcome AS (
+    SELECT r.message_id AS id, r.outcome, r.queue
+    FROM {schema}.requeue_or_bury(ARRAY(
+        SELECT m.id
+        FROM {schema}.messages AS m
+        JOIN unnest(%(ids)s::bigint[], %(run_counts)s::integer[]) AS t(id, run_count)
+          ON m.id = t.id AND m.run_count = t.run_count
+        WHERE m.state = 'held' AND m.owner = %(owner)s
+        FOR UPDATE OF m
+    ), %(max_attempts)s::integer, %(exhausted_reason)s::text) AS r
+), woken AS (
+    SELECT {schema}.wake(ARRAY(SELECT queue FROM outcome WHERE outcome = 'ready')) AS n
+)
+SELECT outcome.id, outcome.outcome FROM outcome CROSS JOIN woken;
 
 -- name: message_bury
 -- Move held messages to dead letters with a reason (reject without requeue;

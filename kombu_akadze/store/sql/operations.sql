@@ -120,13 +120,11 @@ WITH picked AS (
     ON CONFLICT (id) DO NOTHING
     RETURNING id, queue
 ), woken AS (
-    SELECT DISTINCT back.queue FROM back
+    SELECT {schema}.wake(ARRAY(SELECT queue FROM back)) AS n
 )
-SELECT back.id, 'replayed' AS outcome FROM back
+SELECT back.id, 'replayed' AS outcome FROM back CROSS JOIN woken
 UNION ALL
-SELECT gone.id, 'already_live' AS outcome FROM gone WHERE gone.id NOT IN (SELECT back.id FROM back)
-UNION ALL
-SELECT NULL, 'notified' FROM woken CROSS JOIN LATERAL (SELECT pg_notify(%(channel)s, woken.queue)) AS n;
+SELECT gone.id, 'already_live' AS outcome FROM gone WHERE gone.id NOT IN (SELECT back.id FROM back);
 
 -- name: deadletter_purge
 -- Delete the dead letters matching the filters (prune = older_than N days); returns how many.

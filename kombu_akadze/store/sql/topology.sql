@@ -109,6 +109,6 @@ FROM {schema}.bindings AS b LEFT JOIN {schema}.exchanges AS e ON e.name = b.exch
 ORDER BY b.exchange, b.routing_key, b.queue;
 
 -- name: listen_start
--- Subscribe this session to the wake-ups of one schema.
+-- Subscribe this session to the wake-ups of one consumer (its own channel: see wake).
 LISTEN {channel};
 

@@ -33,10 +33,10 @@ END
 $$;
 
 -- An abnormal end of held runs (reject with requeue, a rescued lease): ready again in place with the
--- attempt spent, one wake-up per queue; or dead letters once the queue's max_attempts (else
--- default_max_attempts) is used up. The caller picked and locked the rows.
-CREATE FUNCTION {schema}.requeue_or_bury(ids bigint[], default_max_attempts integer, why text, channel text)
-RETURNS TABLE (message_id bigint, outcome text)
+-- attempt spent; or dead letters once the queue's max_attempts (else default_max_attempts) is used
+-- up. The caller picked and locked the rows, and wakes consumers of the queues of the 'ready' ones.
+CREATE FUNCTION {schema}.requeue_or_bury(ids bigint[], default_max_attempts integer, why text)
+RETURNS TABLE (message_id bigint, outcome text, queue text)
 LANGUAGE plpgsql
 VOLATILE
 ROWS 10
@@ -51,16 +51,13 @@ BEGIN
     LEFT JOIN {schema}.queues AS q ON q.name = m.queue
     WHERE m.id = ANY (ids) AND m.state = 'held'
       AND m.attempts >= COALESCE(q.max_attempts, default_max_attempts);
-    RETURN QUERY SELECT b.id, 'dead'::text FROM {schema}.bury(exhausted, why) AS b(id);
+    RETURN QUERY SELECT b.id, 'dead'::text, NULL::text FROM {schema}.bury(exhausted, why) AS b(id);
     RETURN QUERY WITH requeued AS (
         UPDATE {schema}.messages AS m
         SET state = 'ready', owner = NULL, claimed_at = NULL
         WHERE m.id = ANY (ids) AND m.state = 'held' AND m.id <> ALL (exhausted)
         RETURNING m.id, m.queue
-    ), woken AS (
-        SELECT count(*) AS n FROM (SELECT pg_notify(channel, w.queue)
-                                   FROM (SELECT DISTINCT r.queue FROM requeued AS r) AS w) AS s
     )
-    SELECT r.id, 'ready'::text FROM requeued AS r CROSS JOIN woken;
+    SELECT r.id, 'ready'::text, r.queue FROM requeued AS r;
 END
 $$;

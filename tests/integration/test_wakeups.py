@@ -1,0 +1,128 @@
+"""Wake-ups proportional to work: a ready message wakes one consumer parked on its queue, on that consumer's
+own channel; nobody parked (nobody consumes the queue, or every consumer is busy) means no NOTIFY at all;
+a consumer parking while a publish commits is never left asleep (function wake and claim_park)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from kombu_akadze.integrations.testing import eventually
+from kombu_akadze.store import NewMessage, Store, sqlfiles, wake_channel
+
+SQL = sqlfiles.parse_blocks(Path(__file__).with_name("inspect.sql").read_text())
+
+
+def waiting(store: Store) -> list[tuple[str, str]]:
+    query = SQL["waiting_rows"].replace("{schema}", sqlfiles.quote_ident(store.schema))
+    return [(r[0], r[1]) for r in store.connection().execute(query).fetchall()]
+
+
+def wake(store: Store, *queues: str) -> int:
+    query = SQL["wake_call"].replace("{schema}", sqlfiles.quote_ident(store.schema))
+    row = store.connection().execute(query, {"queues": list(queues)}).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def heard(listener: Store, timeout: float = 0.0) -> list[str]:
+    """Wake-ups delivered to *listener*'s session: at once, or the first within *timeout* seconds."""
+    if timeout:
+        return eventually(listener.listen_notifies, timeout=timeout, what="a wake-up")
+    return listener.listen_notifies()
+
+
+def test_a_publish_wakes_the_longest_parked_consumer_of_its_queue_and_nobody_else(
+    store: Store, parked_listener: Callable[..., Store]
+) -> None:
+    parked = [parked_listener("q", consumer=f"c{i}") for i in range(4)]
+    other = parked_listener("r", consumer="other")
+    assert waiting(store) == [("q", "c0"), ("q", "c1"), ("q", "c2"), ("q", "c3"), ("r", "other")]
+
+    store.message_insert(NewMessage(queue="q", body=b"one"))
+
+    assert heard(parked[0], timeout=10) == ["q"]
+    assert waiting(store) == [("q", "c1"), ("q", "c2"), ("q", "c3"), ("r", "other")]
+    # The next publish wakes the next one; a batch of two wakes two more; nobody is woken twice.
+    store.message_insert(NewMessage(queue="q", body=b"two"))
+    assert heard(parked[1], timeout=10) == ["q"]
+    store.message_insert_many([NewMessage(queue="q", body=b"3"), NewMessage(queue="q", body=b"4")])
+    assert heard(parked[2], timeout=10) == ["q"]
+    assert heard(parked[3], timeout=10) == ["q"]
+    assert waiting(store) == [("r", "other")]
+    assert [heard(listener) for listener in (*parked, other)] == [[], [], [], [], []]
+
+
+def test_no_notify_when_nobody_consumes_the_queue_or_every_consumer_is_busy(
+    store: Store, parked_listener: Callable[..., Store]
+) -> None:
+    other = parked_listener("elsewhere")
+    assert wake(store, "nobody") == 0  # no NOTIFY issued: the wake-up looks for parked consumers only
+    busy_channel = wake_channel(store.schema, "busy")
+    store.message_insert(NewMessage(queue="busy", body=b"x"))
+    got = store.message_ack_claim(acks=[], queues=["busy"], limits=[1], owner="busy", park=busy_channel)
+    assert len(got.claimed) == 1  # its window is full: it does not park, it claims again as it acks
+    assert waiting(store) == [("elsewhere", "parked")]
+    assert wake(store, "busy", "busy") == 0
+    assert heard(other) == []
+
+
+def test_a_consumer_that_cannot_park_while_a_publish_commits_is_told_to_claim_again(
+    pg_url: str, store: Store
+) -> None:
+    """The publish holds its queue's wake lock until it commits; a claim that comes back short meanwhile
+    cannot park (it would miss the wake-up the publisher has already looked for) and says 'retry'; the
+    retry finds the message once committed. Nothing waits for the safety poll."""
+    channel = wake_channel(store.schema, "c")
+    with psycopg.connect(pg_url) as publisher:  # a transaction: the publish is not committed yet
+        store.message_insert_on(publisher, NewMessage(queue="q", body=b"racing"))
+        first = store.message_ack_claim(acks=[], queues=["q"], limits=[1], owner="c", park=channel)
+        assert (first.claimed, first.retry) == ([], frozenset({"q"}))
+        assert waiting(store) == []
+    second = store.message_ack_claim(acks=[], queues=["q"], limits=[1], owner="c", park=channel)
+    assert [m.body for m in second.claimed] == [b"racing"]
+
+
+def test_a_publish_that_starts_while_a_consumer_parks_finds_it_parked(
+    pg_url: str, schema: str, store: Store, parked_listener: Callable[..., Store]
+) -> None:
+    """The other order: the consumer parks first (its claim found nothing); a publish then wakes it."""
+    listener = parked_listener("q", consumer="c")
+    with psycopg.connect(pg_url) as publisher:
+        store.message_insert_on(publisher, NewMessage(queue="q", body=b"later"))
+        assert heard(listener) == []  # NOTIFY is delivered at commit
+    assert heard(listener, timeout=10) == ["q"]
+
+
+def test_a_draining_kombu_consumer_is_woken_by_its_own_channel_long_before_its_safety_poll(
+    make_connection: Any, store: Store
+) -> None:
+    consumer = make_connection(listen_poll_interval=120.0, poll_interval=120.0)
+    simple = consumer.SimpleQueue("woken")
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(simple.get(timeout=60)))
+    thread.start()
+    eventually(lambda: ("woken", consumer.transport.consumer_id) in waiting(store), timeout=30, what="parked")
+    make_connection().SimpleQueue("woken").put({"n": 1})
+    thread.join(30)
+    assert not thread.is_alive(), "the parked consumer was not woken (its safety poll is 60-120 s away)"
+    assert got[0].payload == {"n": 1}
+    got[0].ack()
+    assert consumer.transport.listener.wakeups == 1
+    simple.close()
+
+
+def test_a_consumer_that_stops_leaves_no_parked_row_behind(make_connection: Any, store: Store) -> None:
+    conn = make_connection()
+    simple = conn.SimpleQueue("leaving")
+    with pytest.raises(simple.Empty):
+        simple.get(timeout=2)
+    assert ("leaving", conn.transport.consumer_id) in waiting(store)
+    simple.close()
+    conn.release()
+    assert waiting(store) == []
