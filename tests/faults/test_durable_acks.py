@@ -74,7 +74,7 @@ def test_acks_and_claims_skip_the_wal_flush_unless_durable_acks(pg_server: PgSer
         assert thread.is_alive()
         pg_server.execute("cancel_pid", {"pid": waiting[0][0]})  # committed locally: the claim stands
         thread.join(30)
-        (third,), _ = outcome["claimed"]
+        (third,), _, _ = outcome["claimed"]
         assert third.id not in {first.id, second.id}
     finally:
         pg_server.execute("sync_standby_reset")
