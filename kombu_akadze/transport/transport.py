@@ -52,7 +52,12 @@ Transport Options
 * ``max_attempts`` (int, default 20): runs before a message goes to dead letters.
 * ``queue_max_attempts`` (dict, default ``{}``): per-queue ``max_attempts``.
 * ``poll_interval`` (float, default 1, seconds; alias ``polling_interval``): safety poll.
-* ``listen`` (bool, default ``True``): LISTEN/NOTIFY wake-ups (off for PgBouncer).
+* ``listen`` (bool, default ``True``): LISTEN/NOTIFY wake-ups (behind PgBouncer's transaction
+  pooling only with ``listen_url``; else off).
+* ``listen_url`` (str, default ``""``: the broker URL): where the LISTEN session connects, in any
+  form the broker URL takes; PostgreSQL itself when every other session goes through PgBouncer.
+  Its password is masked wherever kombu-akadze shows it (prefer ``~/.pgpass`` or ``PGPASSWORD``:
+  Celery's ``report`` shows transport options as given).
 * ``listen_poll_interval`` (float, default 10, seconds): safety poll while LISTEN is armed.
 * ``event_route_cache`` (float, default 10, seconds): how long "no monitor bound to the event
   exchange" is remembered, so idle workers' heartbeat events cost no round trip.
@@ -61,7 +66,7 @@ Transport Options
 * ``native_delay_threshold`` (float, default 60, seconds): far ETAs wait in the database.
 * ``max_message_size`` (int, default 0 = no limit, bytes): largest body accepted.
 * ``prepared_statements`` (bool, default ``True``): psycopg's server-side prepared statements
-  (off behind PgBouncer transaction pooling older than 1.21).
+  (off by itself on a session that reaches PostgreSQL through a pooler such as PgBouncer).
 * ``durable_acks`` (bool, default ``False``): acks and claims wait for the WAL flush (and any
   synchronous standby) like publishes; off, a server crash may make the last ~0.6 s of finished
   messages run again (never lost), as RabbitMQ's unconfirmed acks.
@@ -69,7 +74,8 @@ Transport Options
   claim behind an operator's LOCK TABLE or a long REINDEX fails transiently (retried as a lost
   connection) instead of freezing the worker's event loop.
 * ``statement_timeout`` (float, default 300, seconds; 0: none): longest run of any statement (the VACUUM
-  fallback excepted); a backstop, far above any normal statement.
+  fallback excepted); a backstop, far above any normal statement. Through a pooler neither is SET
+  (it would stay on a shared server connection): set them on the role (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -102,7 +108,7 @@ from kombu_akadze.transport.claims import ClaimCycle
 from kombu_akadze.transport.consumer import ConsumerLease
 from kombu_akadze.transport.delivery import Deliverer
 from kombu_akadze.transport.qos import QoS
-from kombu_akadze.urls import adopt_parts, display_uri, dsn_for
+from kombu_akadze.urls import adopt_parts, display_uri, dsn_for, libpq_ssl, to_dsn, with_options
 
 logger = logging.getLogger("kombu_akadze")
 
@@ -173,6 +179,14 @@ class Transport(virtual.Transport):
         return embedded.start() if dsn is None else dsn
 
     @cached_property
+    def listen_dsn(self) -> str:
+        """Where the LISTEN session connects: listen_url (PostgreSQL itself, when the broker URL is a
+        pooler), with the broker's TLS settings where it sets none of its own; else the broker's DSN."""
+        if not self.options.listen_url:
+            return self.dsn
+        return with_options(to_dsn(self.options.listen_url), libpq_ssl(self.client.ssl))
+
+    @cached_property
     def store(self) -> Store:
         store = self._new_store("command")
         store.on_claim_landing = self._claim_landing
@@ -205,7 +219,7 @@ class Transport(virtual.Transport):
         fallback's has no statement limit: VACUUM of a big table legitimately takes longer)."""
         opts = self.options
         return Store(
-            self.dsn,
+            self.listen_dsn if role == "listen" else self.dsn,
             schema=opts.schema,
             role=role,
             connect_timeout=opts.connect_timeout,
