@@ -8,7 +8,6 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from kombu_akadze.errors import ConfigurationError
-from kombu_akadze.urls import is_embedded, mask_password, to_dsn
 
 logger = logging.getLogger("kombu_akadze")
 
@@ -56,8 +55,9 @@ class Options:
     compact_interval: float = 300.0
     #: Use LISTEN/NOTIFY wake-ups; behind PgBouncer's transaction pooling only with listen_url.
     listen: bool = True
-    #: Where the LISTEN session connects, when not to the broker URL (same forms): PostgreSQL itself
-    #: while every other session goes through PgBouncer. Kept out of repr (it may hold a password).
+    #: Where the LISTEN session connects, when not to the broker URL (same forms, checked by the
+    #: transport with urls.listen_dsn): PostgreSQL itself while every other session goes through
+    #: PgBouncer. Kept out of repr (it may hold a password).
     listen_url: str = field(default="", repr=False)
     #: Seconds of the safety poll while LISTEN is armed (every write notifies; this only bounds
     #: the delay of a row written without a NOTIFY, e.g. by hand).
@@ -132,7 +132,6 @@ class Options:
                 f"({self.heartbeat_interval} s), or one late heartbeat would look like a dead worker"
             )
         self._validate_timeouts()
-        self._validate_listen_url()
         if self.native_delay_threshold < 0:
             raise ConfigurationError("transport option native_delay_threshold must be >= 0 seconds (0: off)")
         if self.compact_interval < 0:
@@ -158,19 +157,6 @@ class Options:
                 f"lock_timeout ({self.lock_timeout} s) must not exceed statement_timeout ({self.statement_timeout} s): "
                 "a statement is cancelled at statement_timeout whatever it waits for"
             )
-
-    def _validate_listen_url(self) -> None:
-        if not self.listen_url:
-            return
-        if is_embedded(self.listen_url):
-            raise ConfigurationError(
-                f"transport option listen_url={mask_password(self.listen_url)!r} names no server: give the "
-                "PostgreSQL the broker URL reaches, directly, e.g. 'postgresql://user@db:5432/dbname'"
-            )
-        try:
-            to_dsn(self.listen_url)
-        except ValueError as exc:
-            raise ConfigurationError(f"transport option listen_url: {exc}") from None
 
     def max_attempts_for(self, queue: str) -> int | None:
         """The configured per-queue max_attempts, if any."""

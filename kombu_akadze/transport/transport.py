@@ -108,7 +108,7 @@ from kombu_akadze.transport.claims import ClaimCycle
 from kombu_akadze.transport.consumer import ConsumerLease
 from kombu_akadze.transport.delivery import Deliverer
 from kombu_akadze.transport.qos import QoS
-from kombu_akadze.urls import adopt_parts, display_uri, dsn_for, libpq_ssl, to_dsn, with_options
+from kombu_akadze.urls import adopt_parts, display_uri, dsn_for, listen_dsn
 
 logger = logging.getLogger("kombu_akadze")
 
@@ -142,6 +142,10 @@ class Transport(virtual.Transport):
         super().__init__(client, **kwargs)
         adopt_parts(client)  # conn.hostname/port/userid as amqp:// gives them
         self.options = Options.from_transport_options(client.transport_options)
+        try:
+            self._listen_dsn = listen_dsn(self.options.listen_url, client.ssl) if self.options.listen_url else ""
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from None
         self.polling_interval = self.options.poll_interval
         self.consumer_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         self.fenced_outcomes = 0
@@ -178,13 +182,11 @@ class Transport(virtual.Transport):
             raise ConfigurationError(str(exc)) from None
         return embedded.start() if dsn is None else dsn
 
-    @cached_property
+    @property
     def listen_dsn(self) -> str:
         """Where the LISTEN session connects: listen_url (PostgreSQL itself, when the broker URL is a
         pooler), with the broker's TLS settings where it sets none of its own; else the broker's DSN."""
-        if not self.options.listen_url:
-            return self.dsn
-        return with_options(to_dsn(self.options.listen_url), libpq_ssl(self.client.ssl))
+        return self._listen_dsn or self.dsn
 
     @cached_property
     def store(self) -> Store:
