@@ -102,7 +102,10 @@ class DemoTable:
             self._inherited.append(self._conn)
             self._conn = None
         if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = psycopg.connect(self.url, autocommit=True, application_name="akadze-demo")
+            # prepare_threshold=None: nothing prepared server-side, so it works behind PgBouncer too
+            self._conn = psycopg.connect(
+                self.url, autocommit=True, application_name="akadze-demo", prepare_threshold=None
+            )
             self._pid = os.getpid()
         return self._conn
 

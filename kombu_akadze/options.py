@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from kombu_akadze.errors import ConfigurationError
@@ -53,8 +53,12 @@ class Options:
     #: Seconds between each consumer's compaction checks: when a drained backlog left the
     #: messages indexes bloated over a small heap, REINDEX gives the space back (0: never).
     compact_interval: float = 300.0
-    #: Use LISTEN/NOTIFY wake-ups; off for PgBouncer transaction pooling.
+    #: Use LISTEN/NOTIFY wake-ups; behind PgBouncer's transaction pooling only with listen_url.
     listen: bool = True
+    #: Where the LISTEN session connects, when not to the broker URL (same forms, checked by the
+    #: transport with urls.listen_dsn): PostgreSQL itself while every other session goes through
+    #: PgBouncer. Kept out of repr (it may hold a password).
+    listen_url: str = field(default="", repr=False)
     #: Seconds of the safety poll while LISTEN is armed (every write notifies; this only bounds
     #: the delay of a row written without a NOTIFY, e.g. by hand).
     listen_poll_interval: float = 10.0

@@ -221,6 +221,21 @@ def dsn_for(client: Any) -> str | None:
     return with_options(dsn, libpq_ssl(client.ssl))
 
 
+def listen_dsn(url: str, ssl: Any = None) -> str:
+    """The libpq DSN of the transport option listen_url (any form of a broker URL naming a server), with
+    *ssl* (Celery's broker_use_ssl) applied where the URL sets no TLS setting of its own."""
+    if is_embedded(url):
+        raise ValueError(
+            f"transport option listen_url={mask_password(url)!r} names no server: give PostgreSQL itself, "
+            "the server the broker URL reaches, e.g. 'postgresql://user@db:5432/dbname'"
+        )
+    try:
+        dsn = to_dsn(url)
+    except ValueError as exc:
+        raise ValueError(f"transport option listen_url: {exc}") from None
+    return with_options(dsn, libpq_ssl(ssl))
+
+
 def display_uri(client: Any, *, include_password: bool = False, mask: str = "**") -> str:
     """``conn.as_uri()``: the URL as given (password masked), or ``akadze://`` from kombu's attributes."""
     hostname: str = client.hostname or ""

@@ -110,7 +110,7 @@ class LoopClaims(Session):
             try:
                 values = Transformer(conn).dump_sequence([params[n] for n in names], [PyFormat.TEXT] * len(names))
                 pgconn = conn.pgconn
-                if self.prepared_statements:
+                if self.prepared_statements and not self.pooled:  # a pooler may run it on another server
                     self._prepare_ack_claim(conn, query)
                     pgconn.send_query_prepared(_PREPARED, values, None, _BINARY)
                 else:

@@ -116,10 +116,36 @@ def connect(
     lock_timeout: float | None = None,
     statement_timeout: float | None = None,
 ) -> psycopg.Connection[Any]:
-    """A new connection with keepalive defaults and an application_name that names its role. With
+    """A new connection with keepalive defaults and an application_name that names its role (see
+    connect_probed)."""
+    conn, _ = connect_probed(
+        dsn,
+        role=role,
+        connect_timeout=connect_timeout,
+        autocommit=autocommit,
+        prepared_statements=prepared_statements,
+        lock_timeout=lock_timeout,
+        statement_timeout=statement_timeout,
+    )
+    return conn
+
+
+def connect_probed(
+    dsn: str,
+    *,
+    role: str,
+    connect_timeout: float,
+    autocommit: bool = True,
+    prepared_statements: bool = True,
+    lock_timeout: float | None = None,
+    statement_timeout: float | None = None,
+) -> tuple[psycopg.Connection[Any], bool]:
+    """A new connection and whether a pooler (PgBouncer) stands between it and PostgreSQL. With
     *lock_timeout* / *statement_timeout* (seconds, 0: off; None: the server's setting) every statement
-    of the session is bounded: one waiting behind a lock held elsewhere fails, transiently, instead of
-    freezing its caller."""
+    of a direct session is bounded: one waiting behind a lock held elsewhere fails, transiently, instead
+    of freezing its caller. Through a pooler nothing is prepared server-side (PgBouncer before 1.21
+    cannot route a prepared statement under transaction pooling) and nothing is SET for the session
+    (it would stay on a shared server connection): the role's settings bound statements there."""
     params: dict[str, Any] = dict(conninfo_to_dict(dsn))
     is_socket = str(params.get("host", "")).startswith("/")
     if not is_socket:
@@ -128,21 +154,51 @@ def connect(
     params.setdefault("application_name", f"akadze-{role}")
     params.setdefault("connect_timeout", str(max(1, int(connect_timeout))))
     conn = psycopg.connect(**params, autocommit=autocommit)
-    if not prepared_statements:
-        conn.prepare_threshold = None
     kombu_json_setup(conn)
-    if lock_timeout is not None or statement_timeout is not None:
-        try:
-            conn.execute(
-                sqlfiles.render("session_timeouts_set"),
-                {"lock_timeout": pg_duration(lock_timeout), "statement_timeout": pg_duration(statement_timeout)},
-            )
-            if not autocommit:
-                conn.commit()
-        except BaseException:
-            conn.close()
-            raise
-    return conn
+    try:
+        row = conn.execute(
+            sqlfiles.render("session_setup"),
+            {
+                "client_pid": conn.info.backend_pid,
+                "lock_timeout": pg_duration(lock_timeout),
+                "statement_timeout": pg_duration(statement_timeout),
+            },
+            prepare=False,
+        ).fetchone()
+        if not autocommit:
+            conn.commit()
+    except BaseException:
+        conn.close()
+        raise
+    pooled = bool(row and row[0])
+    if not prepared_statements or pooled:
+        conn.prepare_threshold = None
+    if pooled:
+        _warn_pooled(dsn, role, timeouts_ok=bool(row and row[3] and row[4]))
+    return conn, pooled
+
+
+_WARNED_POOLED: set[str] = set()
+
+
+def _warn_pooled(dsn: str, role: str, *, timeouts_ok: bool) -> None:
+    """Once per process and kind: what a pooler in front of PostgreSQL changes."""
+    if role == "listen" and "listen" not in _WARNED_POOLED:
+        _WARNED_POOLED.add("listen")
+        logger.warning(
+            "kombu-akadze: the LISTEN session reaches PostgreSQL through a pooler (%s); under transaction "
+            "pooling its wake-ups may be lost: set the transport option listen_url to a direct URL, or listen=False",
+            mask_password(dsn),
+        )
+    elif not timeouts_ok and "timeouts" not in _WARNED_POOLED:
+        _WARNED_POOLED.add("timeouts")
+        logger.warning(
+            "kombu-akadze: connected through a pooler (%s), where a session SET would stay on a shared server "
+            "connection, so lock_timeout and statement_timeout are not set per session and the role's settings "
+            "differ from them: set them on the role, e.g. ALTER ROLE ... SET lock_timeout = '5s' (see "
+            "docs/operations.md, Behind PgBouncer)",
+            mask_password(dsn),
+        )
 
 
 def kombu_json_setup(conn: psycopg.Connection[Any]) -> None:
@@ -183,6 +239,8 @@ class Session:
         #: Seconds any statement may wait for a lock / run (0: off; None: the server's settings).
         self.lock_timeout = lock_timeout
         self.statement_timeout = statement_timeout
+        #: The last connection reached PostgreSQL through a pooler (see connect_probed).
+        self.pooled = False
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.RLock()
         _LIVE_STORES.add(self)
@@ -197,7 +255,7 @@ class Session:
             if self._conn is None or self._conn.closed or self._conn.broken:
                 self._drop()
                 try:
-                    self._conn = connect(
+                    self._conn, self.pooled = connect_probed(
                         self.dsn,
                         role=self.role,
                         connect_timeout=self.connect_timeout,

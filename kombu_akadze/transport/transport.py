@@ -53,7 +53,12 @@ Transport Options
 * ``queue_max_attempts`` (dict, default ``{}``): per-queue ``max_attempts``.
 * ``poll_interval`` (float, default 1, seconds; alias ``polling_interval``): safety poll.
 * ``listen`` (bool, default ``True``): a consumer whose claim comes back short parks on its
-  queues and is woken by the next publish, on a LISTEN channel of its own (off: it polls).
+  queues and is woken by the next publish, on a LISTEN channel of its own (off: it polls;
+  behind PgBouncer's transaction pooling only with ``listen_url``).
+* ``listen_url`` (str, default ``""``: the broker URL): where the LISTEN session connects, in any
+  form the broker URL takes; PostgreSQL itself when every other session goes through PgBouncer.
+  Its password is masked wherever kombu-akadze shows it (prefer ``~/.pgpass`` or ``PGPASSWORD``:
+  Celery's ``report`` shows transport options as given).
 * ``listen_poll_interval`` (float, default 10, seconds): safety poll while LISTEN is armed.
 * ``event_route_cache`` (float, default 10, seconds): how long "no monitor bound to the event
   exchange" is remembered, so idle workers' heartbeat events cost no round trip.
@@ -62,7 +67,7 @@ Transport Options
 * ``native_delay_threshold`` (float, default 60, seconds): far ETAs wait in the database.
 * ``max_message_size`` (int, default 0 = no limit, bytes): largest body accepted.
 * ``prepared_statements`` (bool, default ``True``): psycopg's server-side prepared statements
-  (off behind PgBouncer transaction pooling older than 1.21).
+  (off by itself on a session that reaches PostgreSQL through a pooler such as PgBouncer).
 * ``durable_acks`` (bool, default ``False``): acks and claims wait for the WAL flush (and any
   synchronous standby) like publishes; off, a server crash may make the last ~0.6 s of finished
   messages run again (never lost), as RabbitMQ's unconfirmed acks.
@@ -70,7 +75,8 @@ Transport Options
   claim behind an operator's LOCK TABLE or a long REINDEX fails transiently (retried as a lost
   connection) instead of freezing the worker's event loop.
 * ``statement_timeout`` (float, default 300, seconds; 0: none): longest run of any statement (the VACUUM
-  fallback excepted); a backstop, far above any normal statement.
+  fallback excepted); a backstop, far above any normal statement. Through a pooler neither is SET
+  (it would stay on a shared server connection): set them on the role (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -103,7 +109,7 @@ from kombu_akadze.transport.claims import ClaimCycle
 from kombu_akadze.transport.consumer import ConsumerLease
 from kombu_akadze.transport.delivery import Deliverer
 from kombu_akadze.transport.qos import QoS
-from kombu_akadze.urls import adopt_parts, display_uri, dsn_for
+from kombu_akadze.urls import adopt_parts, display_uri, dsn_for, listen_dsn
 
 logger = logging.getLogger("kombu_akadze")
 
@@ -137,6 +143,10 @@ class Transport(virtual.Transport):
         super().__init__(client, **kwargs)
         adopt_parts(client)  # conn.hostname/port/userid as amqp:// gives them
         self.options = Options.from_transport_options(client.transport_options)
+        try:
+            self._listen_dsn = listen_dsn(self.options.listen_url, client.ssl) if self.options.listen_url else ""
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from None
         self.polling_interval = self.options.poll_interval
         self.consumer_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         self.fenced_outcomes = 0
@@ -174,6 +184,12 @@ class Transport(virtual.Transport):
             raise ConfigurationError(str(exc)) from None
         return embedded.start() if dsn is None else dsn
 
+    @property
+    def listen_dsn(self) -> str:
+        """Where the LISTEN session connects: listen_url (PostgreSQL itself, when the broker URL is a
+        pooler), with the broker's TLS settings where it sets none of its own; else the broker's DSN."""
+        return self._listen_dsn or self.dsn
+
     @cached_property
     def store(self) -> Store:
         store = self._new_store("command")
@@ -207,7 +223,7 @@ class Transport(virtual.Transport):
         fallback's has no statement limit: VACUUM of a big table legitimately takes longer)."""
         opts = self.options
         return Store(
-            self.dsn,
+            self.listen_dsn if role == "listen" else self.dsn,
             schema=opts.schema,
             role=role,
             connect_timeout=opts.connect_timeout,
