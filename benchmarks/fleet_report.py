@@ -321,6 +321,8 @@ def chart(results: FleetResults, path: Path) -> None:
     ax.set_xticklabels([f"{p} process(es)" for p in procs])
     ax.set(title="publish msgs/s (~1 KB, persistent)")
     ax.legend(fontsize=7)
+    for a in (axes[0][0], axes[0][1], axes[1][0]):
+        a.set_xticks(sizes)
     for a in axes.flat:
         a.grid(alpha=0.3)
     fig.suptitle(f"kombu-akadze fleet benchmark, one run ({results.meta['date']})")
