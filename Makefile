@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint bench docs clean
+.PHONY: demo test lint bench bench-fleet docs clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -23,9 +23,13 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-bench: $(STAMP)  ## by hand: ratios against RabbitMQ measured in the same run
+bench: $(STAMP)  ## by hand: ratios against RabbitMQ measured in the same run, then the fleet benchmark
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
-	$(PY) benchmarks/run.py
+	$(PY) benchmarks/run.py; status=$$?; $(PY) benchmarks/fleet_run.py && exit $$status
+
+bench-fleet: $(STAMP)  ## only the fleet benchmark (docs/benchmarks/fleet/): idle fleets, trickle, publish rates
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(PY) benchmarks/fleet_run.py
 
 docs: $(STAMP)  ## the documentation site in site/; any warning (a broken link) fails the build
 	$(VENV)/bin/mkdocs build --strict --site-dir site

@@ -27,10 +27,25 @@ class WorkerFailed(RuntimeError):
     """The worker exited or never became ready; the message carries the tail of its log."""
 
 
-class Worker:
-    """One `celery worker -P prefork -c 2` in its own process group, logging to a file."""
+#: The pool of workloads b, c and d; the fleet (fleet.py) runs `-P solo` workers instead.
+PREFORK_2 = ("-P", "prefork", "-c", "2")
 
-    def __init__(self, broker: Broker, *, queue: str, prefetch: int, key: str, redis_url: str, logdir: Path) -> None:
+
+class Worker:
+    """One `celery worker` (by default `-P prefork -c 2`) in its own process group, logging to a file."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        *,
+        queue: str,
+        prefetch: int,
+        key: str,
+        redis_url: str,
+        logdir: Path,
+        pool: tuple[str, ...] = PREFORK_2,
+    ) -> None:
+        self.pool = pool
         self.env = broker.celery_env(queue=queue, prefetch=prefetch, key=key, redis_url=redis_url)
         self.queue = queue
         self.prefetch = prefetch
@@ -43,7 +58,7 @@ class Worker:
         settle()
         cmd = [
             sys.executable, "-m", "celery", "--workdir", str(HERE), "-A", "celeryapp", "worker",
-            "-P", "prefork", "-c", "2", "-Q", self.queue, "--prefetch-multiplier", str(self.prefetch),
+            *self.pool, "-Q", self.queue, "--prefetch-multiplier", str(self.prefetch),
             "-l", "WARNING", "--without-heartbeat", "--without-gossip", "--without-mingle",
             "-n", f"bench-{uuid.uuid4().hex[:6]}@%h",
         ]  # fmt: skip

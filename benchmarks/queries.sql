@@ -78,3 +78,58 @@ CREATE DATABASE {database};
 -- name: database_drop
 -- Drop the scratch database, ending any session still in it.
 DROP DATABASE IF EXISTS {database} WITH (FORCE);
+
+-- name: server_sessions
+-- Client backends of the whole server (every database) against the connection limit: what a fleet
+-- leaves for everyone else. Superusers may also use the reserved slots.
+SELECT count(*)::int AS client_backends,
+       count(*) FILTER (WHERE datname = current_database())::int AS in_this_database,
+       current_setting('max_connections')::int AS max_connections,
+       current_setting('superuser_reserved_connections')::int AS superuser_reserved
+FROM pg_stat_activity
+WHERE backend_type = 'client backend';
+
+-- name: bare_table_create
+-- The publish ceiling's table (fleet.py, workload g): the columns and indexes of akadze's messages
+-- and nothing else, so the INSERT below is what a message row costs without akadze around it.
+CREATE TABLE {schema}.{table} (
+    id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue             text NOT NULL,
+    priority          smallint NOT NULL DEFAULT 0,
+    body              bytea NOT NULL,
+    content_type      text,
+    content_encoding  text,
+    headers           jsonb NOT NULL DEFAULT '{}'::jsonb,
+    properties        jsonb NOT NULL DEFAULT '{}'::jsonb,
+    state             text NOT NULL DEFAULT 'ready',
+    available_at      timestamptz NOT NULL DEFAULT now(),
+    run_count         integer NOT NULL DEFAULT 0,
+    attempts          integer NOT NULL DEFAULT 0,
+    owner             text,
+    claimed_at        timestamptz,
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    expires_at        timestamptz
+);
+CREATE INDEX ON {schema}.{table} (queue, priority DESC, id) WHERE state = 'ready';
+CREATE INDEX ON {schema}.{table} (owner) WHERE state = 'held';
+CREATE INDEX ON {schema}.{table} (expires_at) WHERE expires_at IS NOT NULL;
+CREATE INDEX ON {schema}.{table} (available_at) WHERE state = 'delayed';
+
+-- name: bare_insert
+-- One message row, nothing else: the publish ceiling without a wake-up.
+INSERT INTO {schema}.{table} (queue, body, content_type, content_encoding, headers, properties)
+VALUES (%(queue)s, %(body)s, %(content_type)s, %(content_encoding)s, %(headers)s, %(properties)s);
+
+-- name: bare_insert_notify
+-- The same row and a NOTIFY in the same transaction (one statement, as akadze's message_insert):
+-- the ceiling with a wake-up, which takes the server-wide notify lock at commit.
+WITH ins AS (
+    INSERT INTO {schema}.{table} (queue, body, content_type, content_encoding, headers, properties)
+    VALUES (%(queue)s, %(body)s, %(content_type)s, %(content_encoding)s, %(headers)s, %(properties)s)
+    RETURNING queue
+)
+SELECT pg_notify(%(channel)s, ins.queue) FROM ins;
+
+-- name: table_truncate
+-- Empty a table this run owns between publish rounds, so every round starts on the same empty table.
+TRUNCATE {schema}.{table};

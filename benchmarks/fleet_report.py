@@ -1,0 +1,340 @@
+"""The fleet run's results: the targets checked, results.json, results.md and a chart."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from publishers import TITLES, VARIANTS
+
+#: The issue's targets, as (what, limit); checked against figures of the same run.
+MAX_XACTS_PER_TASK = 3.0
+MAX_P50_RATIO = 1.5
+MAX_P99_RATIO = 2.0
+BIG_FLEETS = (16, 32)
+MIN_VS_INSERT = 0.6
+MIN_VS_RABBIT_AT_8 = 1.5
+
+
+def idle_limit(workers: int) -> float:
+    """Idle transactions/s a fleet of *workers* may cost: 0.2 per worker + 1."""
+    return 0.2 * workers + 1.0
+
+
+class FleetResults:
+    """Fleet rows (one per broker and size), publish samples, the headroom check, errors and notes."""
+
+    def __init__(self, meta: dict[str, Any]) -> None:
+        self.meta = meta
+        self.fleet: list[dict[str, Any]] = []
+        self.publish: dict[str, dict[int, list[float]]] = {v: {} for v in VARIANTS}
+        self.publish_errors: list[str] = []
+        self.headroom: dict[str, Any] = {}
+        self.errors: list[dict[str, Any]] = []
+        self.notes: list[str] = []
+
+    def row(self, broker: str, size: int) -> dict[str, Any]:
+        return next((r for r in self.fleet if r.get("broker") == broker and r.get("size") == size), {})
+
+    def sizes(self) -> list[int]:
+        return sorted({r["size"] for r in self.fleet})
+
+    def publish_median(self, variant: str, processes: int) -> float | None:
+        samples = self.publish.get(variant, {}).get(processes)
+        return statistics.median(samples) if samples else None
+
+    def publish_processes(self) -> list[int]:
+        return sorted({p for by_p in self.publish.values() for p in by_p})
+
+    def latency_ratio(self, size: int, key: str) -> float | None:
+        mine = self.row("akadze", size).get("latency", {}).get(key)
+        ref = self.row("rabbitmq", size).get("latency", {}).get(key)
+        return mine / ref if mine is not None and ref else None
+
+    def publish_ratio(self, variant: str, reference: str, processes: int) -> float | None:
+        mine, ref = self.publish_median(variant, processes), self.publish_median(reference, processes)
+        return mine / ref if mine is not None and ref else None
+
+    def targets(self) -> list[tuple[str, str, bool | None]]:
+        """(target, what was measured, met?) for every target this run has figures for; None: not measured."""
+        out: list[tuple[str, str, bool | None]] = []
+        for size in [s for s in self.sizes() if s in BIG_FLEETS]:
+            x = self.row("akadze", size).get("trickle_xacts", {}).get("per_task_raw")
+            out.append((f"{size} workers: <= {MAX_XACTS_PER_TASK:g} transactions per task", _f(x),
+                        None if x is None else x <= MAX_XACTS_PER_TASK))  # fmt: skip
+            for key, limit in (("p50_ms", MAX_P50_RATIO), ("p99_ms", MAX_P99_RATIO)):
+                r = self.latency_ratio(size, key)
+                out.append((f"{size} workers: latency {key[:3]} <= {limit:g}x RabbitMQ's", _x(r),
+                            None if r is None else r <= limit))  # fmt: skip
+        for size in self.sizes():
+            idle = self.row("akadze", size).get("idle", {}).get("per_s")
+            out.append((f"{size} idle workers: <= {idle_limit(size):g} transactions/s", _f(idle),
+                        None if idle is None else idle <= idle_limit(size)))  # fmt: skip
+        if self.headroom:
+            h = self.headroom
+            errors = h.get("workers_with_connection_errors", 0) + len(h.get("publish", {}).get("errors", []))
+            ok = h.get("ready") == h.get("workers") and errors == 0 and "error" not in h
+            out.append((f"{h.get('workers')} workers + {h.get('publishers')} publishers, no connection error",
+                        f"{h.get('ready', 0)} ready, {errors} with errors", ok))  # fmt: skip
+        for p in self.publish_processes():
+            r = self.publish_ratio("akadze", "insert", p)
+            out.append((f"publish at {p}: >= {MIN_VS_INSERT:g}x the bare INSERT", _x(r),
+                        None if r is None else r >= MIN_VS_INSERT))  # fmt: skip
+        if 8 in self.publish_processes():
+            r = self.publish_ratio("akadze", "rabbitmq_confirm", 8)
+            out.append((f"publish at 8: >= {MIN_VS_RABBIT_AT_8:g}x RabbitMQ with confirms", _x(r),
+                        None if r is None else r >= MIN_VS_RABBIT_AT_8))  # fmt: skip
+        return out
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "meta": self.meta,
+            "fleet": self.fleet,
+            "publish": {
+                "samples": {v: {str(p): s for p, s in by_p.items()} for v, by_p in self.publish.items()},
+                "median": {v: {str(p): self.publish_median(v, p) for p in by_p} for v, by_p in self.publish.items()},
+                "errors": self.publish_errors,
+            },
+            "headroom": self.headroom,
+            "targets": [{"target": t, "measured": m, "met": ok} for t, m, ok in self.targets()],
+            "errors": self.errors,
+            "notes": self.notes,
+        }
+
+
+def _f(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:,.{digits}f}"
+
+
+def _x(r: float | None) -> str:
+    return "-" if r is None else f"x{r:.2f}"
+
+
+def _mark(ok: bool | None) -> str:
+    return {True: "met", False: "**missed**", None: "not measured"}[ok]
+
+
+def _sessions(row: dict[str, Any]) -> str:
+    """The workers' akadze-* sessions (the harness's own are akadze-bench-*), in all and per ready worker."""
+    found = row.get("sessions", {}).items()
+    mine = {k: v for k, v in found if k.startswith("akadze-") and not k.startswith("akadze-bench")}
+    total = sum(mine.values())
+    ready = row.get("ready") or 1
+    detail = ", ".join(f"{k.removeprefix('akadze-')} {v}" for k, v in sorted(mine.items()))
+    return f"{total} ({total / ready:.1f}/worker: {detail})" if mine else "-"
+
+
+def console(results: FleetResults) -> str:
+    lines = ["fleet (akadze | rabbitmq)"]
+    for size in results.sizes():
+        a, r = results.row("akadze", size), results.row("rabbitmq", size)
+        x = a.get("trickle_xacts", {})
+        lines.append(
+            f"  {size:>3} workers: ready {a.get('ready', '-')}|{r.get('ready', '-')}  "
+            f"idle {_f(a.get('idle', {}).get('per_s'))}/s  sessions {_sessions(a)}  "
+            f"xact/task {_f(x.get('per_task_raw'))} (net {_f(x.get('per_task_net'))})  "
+            f"p50 {_f(a.get('latency', {}).get('p50_ms'), 1)}|{_f(r.get('latency', {}).get('p50_ms'), 1)} ms  "
+            f"p99 {_f(a.get('latency', {}).get('p99_ms'), 1)}|{_f(r.get('latency', {}).get('p99_ms'), 1)} ms  "
+            f"conn errors {a.get('workers_with_connection_errors', '-')}"
+        )
+    for p in results.publish_processes():
+        rates = "  ".join(f"{v} {_f(results.publish_median(v, p), 0)}" for v in VARIANTS)
+        lines.append(f"publish x{p}: {rates} msgs/s")
+    lines += [f"target: {t}: {m} -> {_mark(ok)}" for t, m, ok in results.targets()]
+    return "\n".join(lines)
+
+
+def markdown(results: FleetResults) -> str:
+    m = results.meta
+    out = [
+        "# Fleet benchmark",
+        "",
+        f"`{m['command']}` on {m['date']} · {m['machine']} · commit {m['commit']} · "
+        f"kombu_akadze code {m.get('kombu_akadze code', '?')}",
+        "",
+        f"Versions: {m['versions']}",
+        "",
+        f"PostgreSQL settings: {m.get('postgresql settings', 'not recorded')}",
+        "",
+        f"Load average (1, 5, 15 min) at start {m.get('loadavg at start', '?')}, at the end "
+        f"{m.get('loadavg at the end', '?')}; whole run {m.get('seconds', '?')} s. Sizes: {m.get('sizes', {})}",
+        "",
+        "![transactions per task, latency, idle cost and publish rates](results.png)",
+        "",
+        "## Targets",
+        "",
+        "| target | measured | |",
+        "|---|---|---|",
+    ]
+    out += [f"| {t} | {meas} | {_mark(ok)} |" for t, meas, ok in results.targets()]
+    out += _fleet_md(results) + _headroom_md(results) + _publish_md(results) + _problems_md(results) + METHOD
+    return "\n".join(out) + "\n"
+
+
+def _fleet_md(results: FleetResults) -> list[str]:
+    if not results.fleet:
+        return []
+    out = [
+        "",
+        "## f: a fleet of idle solo workers, then a trickle",
+        "",
+        "| workers | ready (akadze, RabbitMQ) | akadze sessions | server client backends / max | "
+        "idle transactions/s (per worker) | limit | transactions per task (net of idle) | "
+        "p50 ms akadze / RabbitMQ | p99 ms akadze / RabbitMQ | workers with connection errors |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for size in results.sizes():
+        a, r = results.row("akadze", size), results.row("rabbitmq", size)
+        idle, x, server = a.get("idle", {}), a.get("trickle_xacts", {}), a.get("server", {})
+        la, lr = a.get("latency", {}), r.get("latency", {})
+        p50, p99 = results.latency_ratio(size, "p50_ms"), results.latency_ratio(size, "p99_ms")
+        out.append(
+            f"| {size} | {a.get('ready', a.get('error', '-'))}, {r.get('ready', r.get('error', '-'))} "
+            f"| {_sessions(a)} | {server.get('client_backends', '-')} / {server.get('max_connections', '-')} "
+            f"| {_f(idle.get('per_s'))} ({_f(idle.get('per_worker_per_s'), 3)}) | {idle_limit(size):g} "
+            f"| {_f(x.get('per_task_raw'))} ({_f(x.get('per_task_net'))}) "
+            f"| {_f(la.get('p50_ms'), 1)} / {_f(lr.get('p50_ms'), 1)} ({_x(p50)}) "
+            f"| {_f(la.get('p99_ms'), 1)} / {_f(lr.get('p99_ms'), 1)} ({_x(p99)}) "
+            f"| {a.get('workers_with_connection_errors', '-')} |"
+        )
+    return out
+
+
+def _headroom_md(results: FleetResults) -> list[str]:
+    h = results.headroom
+    if not h:
+        return []
+    if "error" in h:
+        return ["", "## Connection headroom", "", f"failed: {h['error']}"]
+    peak, pub = h.get("peak", {}), h.get("publish", {})
+    return [
+        "",
+        "## Connection headroom",
+        "",
+        f"{h['ready']} of {h['workers']} akadze workers ready ({h.get('exited', 0)} exited, "
+        f"{h.get('not_ready', 0)} not ready in time); {pub.get('running', 0)} of {h.get('publishers')} "
+        f"publisher processes ran ({_f(pub.get('msgs_per_s'), 0)} msgs/s). Peak client backends on the server "
+        f"{peak.get('client_backends', '?')} of max_connections {peak.get('max_connections', '?')} "
+        f"({peak.get('superuser_reserved', '?')} reserved for superusers); akadze sessions {_sessions(h)}. "
+        f"Workers with connection errors in their log: {h.get('workers_with_connection_errors', 0)}; "
+        f"publisher errors: {len(pub.get('errors', []))}.",
+    ] + [f"- `{e}`" for e in (h.get("first_errors", []) + pub.get("errors", []))[:10]]
+
+
+def _publish_md(results: FleetResults) -> list[str]:
+    procs = results.publish_processes()
+    if not procs:
+        return []
+    out = [
+        "",
+        "## g: publish rate (~1 KB persistent messages)",
+        "",
+        "| processes | " + " | ".join(TITLES[v] for v in VARIANTS) + " | akadze / INSERT | akadze / INSERT+NOTIFY "
+        "| akadze / RabbitMQ confirms |",
+        "|---|" + "---|" * (len(VARIANTS) + 3),
+    ]
+    for p in procs:
+        cells = " | ".join(_f(results.publish_median(v, p), 0) for v in VARIANTS)
+        ratios = " | ".join(
+            _x(results.publish_ratio("akadze", ref, p)) for ref in ("insert", "insert_notify", "rabbitmq_confirm")
+        )
+        out.append(f"| {p} | {cells} | {ratios} |")
+    return out
+
+
+def _problems_md(results: FleetResults) -> list[str]:
+    if not (results.errors or results.notes or results.publish_errors):
+        return []
+    out = ["", "## Conditions and problems observed", ""]
+    out += [f"- {n}" for n in results.notes]
+    out += [f"- publish: `{e}`" for e in results.publish_errors[:20]]
+    out += [f"- {e['workload']} {e['broker']}: `{e['error'].splitlines()[0]}`" for e in results.errors]
+    return out
+
+
+METHOD = [
+    "",
+    "## How it was measured",
+    "",
+    "- f: for each fleet size, N `celery worker -P solo --prefetch-multiplier 1` (acks_late; gossip, mingle, "
+    "heartbeats, events and remote control off) consume one queue, akadze's in a scratch database of its own "
+    "(created and dropped by the run) so that pg_stat_database counts the fleet and nothing else. Once all are "
+    "ready and 12 s have passed (start-up, and PostgreSQL reporting an idle session's transactions up to 10 s "
+    "late), xact_commit+xact_rollback is read around the idle window, minus the sampler's own reads (a window "
+    "with no worker, measured first). Sessions are pg_stat_activity client backends of the scratch database by "
+    "application_name.",
+    "- Then the parent sends latency tasks at a fixed rate through one Celery producer connected beforehand; each "
+    "task records its start time minus its send time (same host clock) in Redis. Transactions per task: the "
+    "counter's delta from the first send until 12 s after the last task started, over the tasks sent; 'net' takes "
+    "off the idle rate over the same span and the sampler's reads. It includes the publishing.",
+    "- RabbitMQ runs the same fleet and trickle (it sends nothing to PostgreSQL); the brokers alternate which "
+    "goes first from one size to the next.",
+    "- Headroom: that many akadze workers stay idle while that many akadze publisher processes publish to another "
+    "queue; client backends of the whole server are sampled every 0.5 s, and worker logs are searched for "
+    "connection errors ('too many clients', 'remaining connection slots', ...).",
+    "- g: P spawned processes each connect, then all start together and publish one at a time for a fixed time: "
+    "a bare single-row INSERT (autocommit, synchronous commit, prepared) into a table with akadze's columns and "
+    "indexes; the same with pg_notify in the statement; akadze through kombu's Producer.publish (one Connection "
+    "per process); RabbitMQ pyamqp with confirm_publish. Every round starts on an empty table or queue "
+    "(TRUNCATE, purge); variants are interleaved in a rotated order in each repeat; figures are medians.",
+]
+
+
+def chart(results: FleetResults, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = results.sizes()
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    ax = axes[0][0]
+    for key, label in (("per_task_raw", "raw"), ("per_task_net", "net of idle")):
+        ys = [results.row("akadze", s).get("trickle_xacts", {}).get(key) for s in sizes]
+        ax.plot(sizes, [y if y is not None else float("nan") for y in ys], marker="o", label=label)
+    ax.axhline(MAX_XACTS_PER_TASK, color="red", linestyle="--", linewidth=0.8, label="target")
+    ax.set(title="akadze: transactions per task (trickle)", xlabel="workers")
+    ax.legend(fontsize=8)
+    ax = axes[0][1]
+    for broker, color in (("akadze", "tab:blue"), ("rabbitmq", "tab:orange")):
+        for key, style in (("p50_ms", "-"), ("p99_ms", ":")):
+            ys = [results.row(broker, s).get("latency", {}).get(key) for s in sizes]
+            ax.plot(sizes, [y if y is not None else float("nan") for y in ys], style, marker="o", color=color,
+                    label=f"{broker} {key[:3]}")  # fmt: skip
+    ax.set(title="enqueue -> start latency (ms)", xlabel="workers")
+    ax.legend(fontsize=8)
+    ax = axes[1][0]
+    ys = [results.row("akadze", s).get("idle", {}).get("per_s") for s in sizes]
+    ax.plot(sizes, [y if y is not None else float("nan") for y in ys], marker="o", label="akadze")
+    ax.plot(sizes, [idle_limit(s) for s in sizes], "r--", linewidth=0.8, label="target 0.2/worker + 1")
+    ax.set(title="idle fleet: transactions/s", xlabel="workers")
+    ax.legend(fontsize=8)
+    ax = axes[1][1]
+    procs = results.publish_processes()
+    width = 0.8 / len(VARIANTS)
+    for i, v in enumerate(VARIANTS):
+        xs = [j + (i - (len(VARIANTS) - 1) / 2) * width for j in range(len(procs))]
+        ax.bar(xs, [results.publish_median(v, p) or 0 for p in procs], width, label=TITLES[v])
+    ax.set_xticks(range(len(procs)))
+    ax.set_xticklabels([f"{p} process(es)" for p in procs])
+    ax.set(title="publish msgs/s (~1 KB, persistent)")
+    ax.legend(fontsize=7)
+    for a in (axes[0][0], axes[0][1], axes[1][0]):
+        a.set_xticks(sizes)
+    for a in axes.flat:
+        a.grid(alpha=0.3)
+    fig.suptitle(f"kombu-akadze fleet benchmark, one run ({results.meta['date']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def write(results: FleetResults, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / "results.json", out_dir / "results.md", out_dir / "results.png"]
+    paths[0].write_text(json.dumps(results.as_json(), indent=2, default=str) + "\n")
+    paths[1].write_text(markdown(results))
+    chart(results, paths[2])
+    return paths

@@ -1,0 +1,196 @@
+"""Workload g: how many ~1 KB persistent messages P publisher processes send per second, per variant.
+
+Variants: a bare single-row INSERT (autocommit, synchronous commit) into a table shaped like akadze's
+messages; the same INSERT with pg_notify in its transaction; akadze through kombu's Producer.publish;
+RabbitMQ (pyamqp) with publisher confirms. Every process connects first, then all start together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import queue as queue_module
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+#: ~1 KB of JSON, the body every variant sends (kombu serializes the same dict to the same bytes).
+PAYLOAD = {"task": "bench.publish", "pad": "x" * 990}
+BODY = json.dumps(PAYLOAD).encode()
+#: What kombu stores beside a persistent message on the default exchange, roughly; constant per process.
+PROPERTIES = {"delivery_mode": 2, "priority": 0, "body_encoding": "base64", "delivery_info": {"exchange": ""}}
+
+VARIANTS = ("insert", "insert_notify", "akadze", "rabbitmq_confirm")
+TITLES = {
+    "insert": "bare INSERT",
+    "insert_notify": "bare INSERT + NOTIFY",
+    "akadze": "akadze (kombu publish)",
+    "rabbitmq_confirm": "RabbitMQ, confirms",
+}
+#: Seconds a process may take to import, connect and declare before the round starts without it.
+READY_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one variant publishes; pickled into each publisher process."""
+
+    variant: str
+    queue: str
+    url: str = ""  # kombu URL (akadze+..., pyamqp://...)
+    transport_options: dict[str, Any] | None = None
+    dsn: str = ""  # PostgreSQL, for the bare variants
+    schema: str = ""
+    table: str = ""
+    channel: str = ""
+
+
+def _bare_sender(target: Target) -> tuple[Callable[[], None], Callable[[], None]]:
+    import psycopg
+    from pgstats import render
+    from psycopg.types.json import Jsonb
+
+    conn = psycopg.connect(target.dsn, autocommit=True, application_name="akadze-bench-publisher")
+    block = "bare_insert_notify" if target.variant == "insert_notify" else "bare_insert"
+    sql = render(block, schema=target.schema, table=target.table)
+    params = {
+        "queue": target.queue,
+        "body": BODY,
+        "content_type": "application/json",
+        "content_encoding": "utf-8",
+        "headers": Jsonb({}),
+        "properties": Jsonb(PROPERTIES),
+        "channel": target.channel,
+    }
+
+    def send() -> None:
+        conn.execute(sql, params, prepare=True)
+
+    return send, conn.close
+
+
+def _kombu_sender(target: Target) -> tuple[Callable[[], None], Callable[[], None]]:
+    import kombu
+
+    import kombu_akadze  # noqa: F401  (registers the akadze+ URL scheme in this process)
+
+    conn = kombu.Connection(target.url, transport_options=dict(target.transport_options or {}), connect_timeout=10)
+    conn.ensure_connection(max_retries=3)
+    kombu.Queue(target.queue, routing_key=target.queue, durable=True)(conn.default_channel).declare()
+    producer = conn.Producer(serializer="json")
+
+    def send() -> None:
+        producer.publish(PAYLOAD, routing_key=target.queue, delivery_mode=2)
+
+    return send, conn.release
+
+
+def publisher(target: Target, seconds: float, ready: Any, go: Any, results: Any) -> None:
+    """One publisher process: connect, say ready, wait for the start, publish for *seconds*, report."""
+    try:
+        send, close = _bare_sender(target) if target.variant.startswith("insert") else _kombu_sender(target)
+    except Exception as exc:
+        ready.put(f"{type(exc).__name__}: {exc}")
+        return
+    ready.put(None)
+    try:
+        if not go.wait(READY_TIMEOUT * 2):
+            results.put(("error", "never told to start"))
+            return
+        sent = 0
+        start = time.perf_counter()
+        deadline = start + seconds
+        while time.perf_counter() < deadline:
+            send()
+            sent += 1
+        results.put(("ok", sent, time.perf_counter() - start))
+    except Exception as exc:
+        results.put(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        with contextlib.suppress(Exception):
+            close()
+
+
+def run_round(target: Target, *, processes: int, seconds: float) -> dict[str, Any]:
+    """msgs/s of *processes* publishers of one variant started together; errors are counted, not raised."""
+    ctx = multiprocessing.get_context("spawn")  # no psycopg or AMQP socket inherited across fork
+    ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=publisher, args=(target, seconds, ready, go, results)) for _ in range(processes)]
+    errors: list[str] = []
+    try:
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + READY_TIMEOUT
+        started = 0
+        for _ in procs:
+            try:
+                problem = ready.get(timeout=max(deadline - time.monotonic(), 0.1))
+            except queue_module.Empty:
+                errors.append(f"publisher not ready after {READY_TIMEOUT:.0f} s")
+                break
+            if problem is None:
+                started += 1
+            else:
+                errors.append(problem)
+        go.set()
+        rates = []
+        for _ in range(started):
+            try:
+                outcome = results.get(timeout=seconds + READY_TIMEOUT)
+            except queue_module.Empty:
+                errors.append("publisher sent no result")
+                break
+            if outcome[0] == "ok":
+                rates.append(outcome[1] / outcome[2])
+            else:
+                errors.append(outcome[1])
+    finally:
+        go.set()
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
+    return {"msgs_per_s": sum(rates), "processes": processes, "running": len(rates), "errors": errors}
+
+
+def targets(akadze: Any, rabbit_confirm: Any, *, dsn: str, run_id: str) -> dict[str, Target]:
+    """One target per variant; the akadze broker must point at *dsn* (the run's scratch database)."""
+    schema = f"bench_{run_id}_bare"
+    return {
+        "insert": Target("insert", f"bench-{run_id}-g", dsn=dsn, schema=schema, table="insert_only"),
+        "insert_notify": Target(
+            "insert_notify", f"bench-{run_id}-g", dsn=dsn, schema=schema, table="insert_notify",
+            channel=f"akadze-bench.{run_id}",
+        ),
+        "akadze": Target(
+            "akadze", akadze.queue_name("publish", run_id), url=f"{akadze.url}?application_name=akadze-bench-publisher",
+            transport_options=akadze.transport_options,
+        ),
+        "rabbitmq_confirm": Target(
+            "rabbitmq_confirm", rabbit_confirm.queue_name("publish", run_id), url=rabbit_confirm.url,
+            transport_options=rabbit_confirm.transport_options,
+        ),
+    }  # fmt: skip
+
+
+def prepare(found: dict[str, Target], pg: Any) -> None:
+    """The bare tables (the akadze schema and the RabbitMQ queue are the brokers' own)."""
+    bare = [t for t in found.values() if t.variant.startswith("insert")]
+    if bare:
+        pg.run("schema_create", schema=bare[0].schema)
+    for t in bare:
+        pg.run("bare_table_create", schema=t.schema, table=t.table)
+
+
+def empty(target: Target, pg: Any, akadze_schema: str, broker: Any) -> None:
+    """Every round starts on an empty table (or queue): TRUNCATE, not DELETE, so no dead rows carry over."""
+    if target.variant.startswith("insert"):
+        pg.run("table_truncate", schema=target.schema, table=target.table)
+    elif target.variant == "akadze":
+        pg.run("table_truncate", schema=akadze_schema, table="messages")
+    else:
+        with broker.connection() as conn, contextlib.suppress(Exception):  # not declared yet: nothing to purge
+            conn.default_channel.queue_purge(target.queue)
