@@ -106,28 +106,10 @@ def pg_duration(seconds: float | None) -> str | None:
     return "0" if seconds <= 0 else f"{max(1, round(seconds * 1000))}ms"
 
 
-def connect(
-    dsn: str,
-    *,
-    role: str,
-    connect_timeout: float,
-    autocommit: bool = True,
-    prepared_statements: bool = True,
-    lock_timeout: float | None = None,
-    statement_timeout: float | None = None,
-) -> psycopg.Connection[Any]:
-    """A new connection with keepalive defaults and an application_name that names its role (see
-    connect_probed)."""
-    conn, _ = connect_probed(
-        dsn,
-        role=role,
-        connect_timeout=connect_timeout,
-        autocommit=autocommit,
-        prepared_statements=prepared_statements,
-        lock_timeout=lock_timeout,
-        statement_timeout=statement_timeout,
-    )
-    return conn
+def connect(dsn: str, **kwargs: Any) -> psycopg.Connection[Any]:
+    """A new connection with keepalive defaults and an application_name that names its role (keyword
+    arguments as connect_probed's)."""
+    return connect_probed(dsn, **kwargs)[0]
 
 
 def connect_probed(
