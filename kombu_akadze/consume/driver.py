@@ -214,8 +214,13 @@ class HubDriver:
             return
         try:
             self.check()  # raises a connection error once our leases are lost: Celery reconnects
+            listening = (self._registered_fd, self._registered_session)
             self._arm()
-            self.wake(ready=True)
+            if self._registered_fd is None or (self._registered_fd, self._registered_session) != listening:
+                # Polling (no LISTEN), or LISTEN just re-armed (wake-ups may have been missed): claim.
+                # While LISTEN stays armed the poll claims nothing: the heartbeat reports claimable
+                # messages (a lost wake-up) and the transport wakes the loop then.
+                self.wake(ready=True)
         finally:
             self._schedule_poll()
 

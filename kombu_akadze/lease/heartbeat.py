@@ -59,6 +59,8 @@ class Heartbeat:
         self.led = 0
         #: Whether the last beat found this consumer the elected one (oldest alive).
         self.leader = False
+        #: The consumed queues the last beat found a claimable message in (its owner claims, see on_beat).
+        self.ready: tuple[str, ...] = ()
         self.last_ok = 0.0
         self._stop = threading.Event()
         self._changed = threading.Condition()
@@ -94,7 +96,7 @@ class Heartbeat:
 
     def beat(self, *, raise_errors: bool = False) -> bool:
         try:
-            self.leader = self.store.consumer_heartbeat(
+            self.leader, self.ready = self.store.consumer_heartbeat(
                 consumer_id=self.consumer_id, hostname=self.hostname, pid=self.pid, queues=self.queues(), ttl=self.ttl
             )
         except AkadzeError as exc:
@@ -116,7 +118,7 @@ class Heartbeat:
         unstranded = 0
         try:
             with store.transaction():
-                self.leader = store.consumer_heartbeat(
+                self.leader, self.ready = store.consumer_heartbeat(
                     consumer_id=self.consumer_id,
                     hostname=self.hostname,
                     pid=self.pid,

@@ -14,6 +14,7 @@ from kombu_akadze.store.maintenance import MaintenanceQueries
 from kombu_akadze.store.messages import MessageQueries
 from kombu_akadze.store.records import (
     AckClaim,
+    Beat,
     ClaimedMessage,
     DeadLetter,
     DeadLetterFilter,
@@ -45,6 +46,7 @@ __all__ = [
     "DRIVER_VERSION",
     "KEEPALIVE_DEFAULTS",
     "AckClaim",
+    "Beat",
     "ClaimedMessage",
     "DeadLetter",
     "DeadLetterFilter",

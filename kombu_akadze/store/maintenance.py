@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from datetime import datetime
 
-from kombu_akadze.store.records import EXHAUSTED, Outcome, requeue_outcome
+from kombu_akadze.store.records import EXHAUSTED, Beat, Outcome, requeue_outcome
 from kombu_akadze.store.session import Session
 
 
@@ -19,14 +19,15 @@ class MaintenanceQueries(Session):
         queues: Sequence[str] = (),
         ttl: float = 30.0,
         now: datetime | None = None,
-    ) -> bool:
-        """Mark the consumer alive; True when it is the elected one (oldest alive within *ttl*)."""
+    ) -> Beat:
+        """Mark the consumer alive: whether it is the elected one (oldest alive within *ttl*), and which of
+        its queues have a message claimable now."""
         rows = self._run(
             "consumer_heartbeat",
             {"id": consumer_id, "hostname": hostname, "pid": pid, "queues": list(queues), "ttl": float(ttl)}
             | {"now": now},
         )
-        return bool(rows[0]["leader"])
+        return Beat(leader=bool(rows[0]["leader"]), ready=tuple(rows[0]["ready"] or ()))
 
     def consumer_delete(self, *, consumer_id: str) -> None:
         self._run("consumer_delete", {"id": consumer_id}, fetch=False)

@@ -83,6 +83,15 @@ def ack_claim_params(
             "limits": list(limits), "owner": owner, "now": now, "durable": durable, "park": park}  # fmt: skip
 
 
+class Beat(NamedTuple):
+    """What one consumer_heartbeat said."""
+
+    #: This consumer is the elected one: it runs the fleet's maintenance passes.
+    leader: bool
+    #: Its consumed queues with a message claimable now (claim, if a slot is free).
+    ready: tuple[str, ...] = ()
+
+
 class AckClaim(NamedTuple):
     """What one message_ack_claim did."""
 

@@ -59,7 +59,8 @@ Transport Options
   form the broker URL takes; PostgreSQL itself when every other session goes through PgBouncer.
   Its password is masked wherever kombu-akadze shows it (prefer ``~/.pgpass`` or ``PGPASSWORD``:
   Celery's ``report`` shows transport options as given).
-* ``listen_poll_interval`` (float, default 10, seconds): safety poll while LISTEN is armed.
+* ``listen_poll_interval`` (float, default 10, seconds): check of an armed LISTEN session (the
+  heartbeat, not this, claims what a lost wake-up left ready).
 * ``event_route_cache`` (float, default 10, seconds): how long "no monitor bound to the event
   exchange" is remembered, so idle workers' heartbeat events cost no round trip.
 * ``claim_batch`` (int, default 100): most messages per claim without a prefetch limit.
@@ -167,7 +168,7 @@ class Transport(virtual.Transport):
             queues=self.consumed_queues,
             held=self._held_ids,
             holds_nothing=self._holds_nothing,
-            on_beat=self._flush_from_heartbeat,
+            on_beat=self._after_beat,
             looping=lambda: self._driver is not None,
             listening=lambda: self._draining or self._driver is not None,
         )
@@ -326,9 +327,14 @@ class Transport(virtual.Transport):
             if force or qos.due(OUTCOME_BATCH, OUTCOME_DELAY):
                 qos.flush(kinds)
 
-    def _flush_from_heartbeat(self) -> None:
-        """Outcomes of a kombu consumer that stopped draining, or that DelayedFlush could not write, still
-        reach the database within a beat (never under an event loop: its thread owns the claims)."""
+    def _after_beat(self) -> None:
+        """After every heartbeat: a queue it found a claimable message in makes the consuming loop claim
+        (the heartbeat is the safety poll of a consumer that waits for wake-ups); outcomes of a kombu
+        consumer that stopped draining, or that DelayedFlush could not write, reach the database within a
+        beat (never under an event loop: its thread owns the claims)."""
+        heartbeat = self.lease.heartbeat
+        if heartbeat is not None and heartbeat.ready:
+            self.wake(ready=True)
         if self._draining or self._driver is None:
             self.flush_outcomes()
 

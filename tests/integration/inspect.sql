@@ -117,3 +117,9 @@ SELECT queue, consumer FROM {schema}.waiting ORDER BY since, consumer;
 -- name: wake_call
 -- The wake function as the publish statements call it: how many consumers it woke.
 SELECT {schema}.wake(%(queues)s::text[]) AS woken;
+
+-- name: insert_without_wake
+-- A ready row written as by hand: no wake-up for anyone (a lost one, as far as consumers can tell).
+INSERT INTO {schema}.messages (queue, body, content_type, content_encoding, properties)
+VALUES (%(queue)s, %(body)s, 'application/json', 'utf-8',
+        '{"delivery_info": {"exchange": "", "routing_key": "lost"}, "delivery_mode": 2}'::jsonb);

@@ -331,7 +331,7 @@ def test_the_oldest_live_consumer_is_elected_and_the_next_takes_over_once_it_is_
     t0 = later_than_publish()
 
     def beat(consumer: str, at: datetime) -> bool:
-        return store.consumer_heartbeat(consumer_id=consumer, hostname="h", pid=1, ttl=30, now=at)
+        return store.consumer_heartbeat(consumer_id=consumer, hostname="h", pid=1, ttl=30, now=at).leader
 
     assert beat("a", t0) is True  # alone: elected
     assert beat("b", t0 + timedelta(seconds=1)) is False  # younger, while a beats
@@ -343,3 +343,10 @@ def test_the_oldest_live_consumer_is_elected_and_the_next_takes_over_once_it_is_
     # for at most one round is safe: every pass skips rows another one holds).
     assert beat("a", t0 + timedelta(seconds=53)) is True
     assert beat("b", t0 + timedelta(seconds=54)) is False
+
+
+def test_the_heartbeat_says_which_consumed_queues_have_a_claimable_message(store: Store) -> None:
+    publish(store, queue="full")
+    publish(store, queue="later", delay=3600)  # delayed: not claimable yet
+    beat = store.consumer_heartbeat(consumer_id=OWNER, hostname="h", pid=1, queues=["full", "later", "empty"])
+    assert beat.ready == ("full",)

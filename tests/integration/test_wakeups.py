@@ -126,3 +126,22 @@ def test_a_consumer_that_stops_leaves_no_parked_row_behind(make_connection: Any,
     simple.close()
     conn.release()
     assert waiting(store) == []
+
+
+def test_a_lost_wake_up_costs_at_most_a_heartbeat_not_a_safety_poll(make_connection: Any, store: Store) -> None:
+    """A row written without a wake-up (by hand, or a wake-up sent to a consumer that died): the heartbeat
+    of a parked consumer finds its queue claimable and the consumer claims, long before a poll."""
+    consumer = make_connection(listen_poll_interval=120.0, poll_interval=120.0)  # FAST beats: 0.25 s
+    simple = consumer.SimpleQueue("lost")
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(simple.get(timeout=60)))
+    thread.start()
+    eventually(lambda: ("lost", consumer.transport.consumer_id) in waiting(store), timeout=30, what="parked")
+    query = SQL["insert_without_wake"].replace("{schema}", sqlfiles.quote_ident(store.schema))
+    with store.connection().cursor() as cur:
+        cur.execute(query, {"queue": "lost", "body": b'{"n": 1}'})
+    thread.join(30)
+    assert not thread.is_alive(), "the consumer waited for its safety poll (60-120 s)"
+    assert got[0].body == b'{"n": 1}'
+    got[0].ack()
+    simple.close()

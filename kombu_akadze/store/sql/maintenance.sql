@@ -12,6 +12,10 @@
 -- leader: whether this consumer is the oldest whose heartbeat is younger than
 -- %(ttl)s seconds, i.e. the one that runs the fleet's maintenance passes. When
 -- it dies, the next oldest takes over once its heartbeat is %(ttl)s s old.
+-- ready: the consumed queues with a message claimable now. The heartbeat is the
+-- safety poll of a consumer that waits for wake-ups: a wake-up that was lost (a
+-- row written by hand, a woken consumer that died or was busy with another queue)
+-- costs at most one heartbeat interval, and an idle consumer no extra statement.
 WITH beat AS (
     INSERT INTO {schema}.consumers (id, hostname, pid, started_at, heartbeat_at)
     VALUES (%(id)s, %(hostname)s, %(pid)s,
@@ -36,6 +40,12 @@ SELECT NOT EXISTS (
              AND c.id <> %(id)s
              AND (c.started_at, c.id) < (beat.started_at, %(id)s::text)
        ) AS leader,
+       ARRAY(SELECT q FROM unnest(%(queues)s::text[]) AS q
+             WHERE EXISTS (SELECT 1 FROM {schema}.messages AS m
+                           WHERE m.queue = q AND m.state = 'ready'
+                             AND m.available_at <= COALESCE(%(now)s::timestamptz, now())
+                             AND (m.expires_at IS NULL OR m.expires_at > COALESCE(%(now)s::timestamptz, now()))))
+           AS ready,
        (SELECT count(*) FROM touched) AS queues, (SELECT count(*) FROM unparked) AS unparked;
 
 -- name: consumer_delete

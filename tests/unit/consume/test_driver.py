@@ -238,3 +238,27 @@ def test_claim_soon_schedules_one_claim_and_does_not_stack() -> None:
     assert statement.sent.count(True) == 2
     driver.stop()
     assert hub.readers == {}
+
+
+def test_the_safety_poll_of_an_armed_driver_claims_nothing_and_of_a_polling_one_claims() -> None:
+    driver, hub, _, statement, _ = rig()
+    statement.batch = 0
+    tick(driver, hub)
+    statement.arrive()
+    hub.fire(CLAIM_FD)  # idle: the empty claim is behind it
+    sent = len(statement.sent)
+    hub.timers[-1].callback()  # the poll, LISTEN armed: the heartbeat reports lost wake-ups instead
+    tick(driver, hub)
+    assert True not in statement.sent[sent:]
+    polling, hub2, socket2, statement2, _ = rig()
+    socket2.fd = None  # no LISTEN (listen=False, or the session is down): the poll is what claims
+    hub2.readers.pop(700, None)
+    polling._registered_fd = None
+    statement2.batch = 0
+    tick(polling, hub2)
+    statement2.arrive()
+    hub2.fire(CLAIM_FD)
+    sent = len(statement2.sent)
+    hub2.timers[-1].callback()
+    tick(polling, hub2)
+    assert statement2.sent[sent:].count(True) == 1
