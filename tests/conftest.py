@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import SplitResult, urlsplit
 
 import kombu
 import pytest
@@ -19,6 +21,20 @@ FAST = {"heartbeat_interval": 0.25, "heartbeat_ttl": 2.0, "rescue_interval": 0.2
 @pytest.fixture(scope="session")
 def pg_url() -> str:
     return database_url()
+
+
+@pytest.fixture
+def tcp_pg(pg_url: str) -> SplitResult:
+    """The test server's URL when it is reached over TCP (host:port), for the tests of URL forms, failover and
+    PgBouncer. The embedded server listens on a socket only: they skip there; CI sets AKADZE_TEST_URL to a
+    TCP server and fails rather than skips."""
+    parts = urlsplit(pg_url)
+    if not parts.hostname:
+        reason = "needs PostgreSQL over TCP: AKADZE_TEST_URL=postgresql://user@127.0.0.1:5432/db"
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason} (CI runs these tests, it never skips them)")
+        pytest.skip(f"{reason} (the embedded server listens on a socket only)")
+    return parts
 
 
 @pytest.fixture

@@ -81,7 +81,7 @@ def _pgbouncer() -> str:
 
 
 @pytest.fixture
-def bouncer(pg_url: str) -> Iterator[Bouncer]:
+def bouncer(pg_url: str, tcp_pg: Any) -> Iterator[Bouncer]:
     """PgBouncer in transaction pooling mode in front of the test server, started here and stopped at teardown.
     Clients connect as the server's user; this test's own role reaches PostgreSQL directly (listen_url)."""
     binary = _pgbouncer()

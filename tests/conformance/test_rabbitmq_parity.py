@@ -72,7 +72,7 @@ def broker(request: pytest.FixtureRequest, pg_url: str) -> Iterator[Broker]:
         b = Broker("rabbitmq", AMQP_URL, "amqp", 5672)
     else:
         schema = request.getfixturevalue("schema")
-        pg = urlsplit(pg_url)
+        pg = request.getfixturevalue("tcp_pg")
         url = f"akadze://{pg.netloc if pg.port else pg.netloc + ':5432'}{pg.path}"
         b = Broker("akadze", url, "akadze", 5432, {"schema": schema, "heartbeat_interval": 0.25, "heartbeat_ttl": 2})
     yield b

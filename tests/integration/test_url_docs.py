@@ -6,7 +6,6 @@ import re
 import socket
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import kombu
 import pytest
@@ -32,8 +31,8 @@ def test_the_page_has_examples_of_both_forms_tls_and_failover() -> None:
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[f"example{i}" for i in range(len(EXAMPLES))])
-def test_a_documented_url_connects(example: str, pg_url: str, schema: str) -> None:
-    live = urlsplit(pg_url)
+def test_a_documented_url_connects(example: str, tcp_pg: Any, schema: str) -> None:
+    live = tcp_pg
     user = live.username + (f":{live.password}" if live.password else "")
     code = (
         example.replace("USER@HOST", f"{user}@{live.hostname}")

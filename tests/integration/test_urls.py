@@ -5,7 +5,6 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
 import kombu
 import pytest
@@ -22,9 +21,9 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def live(pg_url: str) -> Any:
+def live(tcp_pg: Any) -> Any:
     """The test server's parts: (user@)host:port, database."""
-    return urlsplit(pg_url)
+    return tcp_pg
 
 
 @pytest.fixture

@@ -102,7 +102,9 @@ def test_a_publish_that_starts_while_a_consumer_parks_finds_it_parked(
 def test_a_draining_kombu_consumer_is_woken_by_its_own_channel_long_before_its_safety_poll(
     make_connection: Any, store: Store
 ) -> None:
-    consumer = make_connection(listen_poll_interval=120.0, poll_interval=120.0)
+    # Slow polls and slow beats (the heartbeat also reports claimable messages): only the NOTIFY is fast.
+    slow = {"heartbeat_interval": 30.0, "heartbeat_ttl": 90.0, "rescue_interval": 30.0}
+    consumer = make_connection(listen_poll_interval=120.0, poll_interval=120.0, **slow)
     simple = consumer.SimpleQueue("woken")
     got: list[Any] = []
     thread = threading.Thread(target=lambda: got.append(simple.get(timeout=60)))
