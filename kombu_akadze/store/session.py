@@ -144,6 +144,7 @@ def connect_probed(
                 "client_pid": conn.info.backend_pid,
                 "lock_timeout": pg_duration(lock_timeout),
                 "statement_timeout": pg_duration(statement_timeout),
+                "idle_timeout": pg_duration(lock_timeout) if lock_timeout else None,
             },
             prepare=False,
         ).fetchone()

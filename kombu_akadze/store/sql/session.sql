@@ -10,6 +10,10 @@
 -- (transport options lock_timeout, statement_timeout; '0' turns one off, NULL keeps the server's
 -- setting): a statement past either fails with 55P03 / 57014, a transient error the caller retries.
 -- A SET after connect rather than libpq's "options", which PgBouncer refuses unless told to ignore it.
+-- With a lock timeout, a session left idle inside a transaction that long is ended by the server
+-- (idle_in_transaction_session_timeout, set to the lock timeout): a client stopped in the middle of one (SIGSTOP,
+-- a debugger, a frozen VM) must not keep its locks, or the fleet's rescue waits on them, and fails on
+-- its own lock timeout, for as long as that client stays stopped.
 SELECT pg_backend_pid() <> %(client_pid)s AS pooled,
        CASE WHEN pg_backend_pid() = %(client_pid)s THEN
            set_config('lock_timeout', COALESCE(%(lock_timeout)s, current_setting('lock_timeout')), false) END
@@ -20,4 +24,7 @@ SELECT pg_backend_pid() <> %(client_pid)s AS pooled,
        current_setting('lock_timeout')::interval
            = COALESCE(%(lock_timeout)s, current_setting('lock_timeout'))::interval AS lock_timeout_ok,
        current_setting('statement_timeout')::interval
-           = COALESCE(%(statement_timeout)s, current_setting('statement_timeout'))::interval AS statement_timeout_ok;
+           = COALESCE(%(statement_timeout)s, current_setting('statement_timeout'))::interval AS statement_timeout_ok,
+       CASE WHEN pg_backend_pid() = %(client_pid)s AND %(idle_timeout)s::text IS NOT NULL THEN
+           set_config('idle_in_transaction_session_timeout', %(idle_timeout)s::text, false) END
+           AS idle_timeout_set;
