@@ -30,6 +30,7 @@ from psycopg import sql
 
 RECORD = "examples.tasks.record"
 SLOW = "examples.tasks.slow"
+RELAY = "examples.tasks.relay"
 DEFAULT_DEMO_SCHEMA = "akadze_demo"
 
 _BLOCK = re.compile(r"^-- name: (?P<name>[a-z_]+)\s*$", re.M)
@@ -194,3 +195,10 @@ def slow(self: Task, n: int, seconds: float, later_seconds: float = 0.0) -> int:
     runs = demo_table().record(n)
     ledger("done", n, attempt)
     return runs
+
+
+@app.task(bind=True, name=RELAY)
+def relay(self: Task, n: int) -> None:
+    """Send record(n) from inside a task: a pool child that publishes (a sub-task, as a chain or a retry would)."""
+    ledger("relay", n, attempt_of(self))
+    record.delay(n)

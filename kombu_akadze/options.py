@@ -55,7 +55,7 @@ class Options:
     compact_interval: float = 300.0
     #: Use LISTEN/NOTIFY wake-ups; behind PgBouncer's transaction pooling only with listen_url.
     listen: bool = True
-    #: Where the LISTEN session connects, when not to the broker URL (same forms, checked by the
+    #: Where the heartbeat session (which also LISTENs) connects, when not to the broker URL (same forms, checked by the
     #: transport with urls.listen_dsn): PostgreSQL itself while every other session goes through
     #: PgBouncer. Kept out of repr (it may hold a password).
     listen_url: str = field(default="", repr=False)
@@ -91,6 +91,10 @@ class Options:
     #: Seconds any statement of the transport's sessions may run (0: no limit); the consumer's own
     #: VACUUM fallback runs without it. A backstop far above any normal statement (milliseconds).
     statement_timeout: float = 300.0
+    #: Seconds after which the session of a connection that only publishes (no consumer, nothing
+    #: held) is closed if unused; its next publish reconnects (0: never). A pool child or a web
+    #: process that published once does not hold a PostgreSQL backend for the rest of its life.
+    idle_close: float = 30.0
 
     @classmethod
     def from_transport_options(cls, raw: Mapping[str, Any] | None) -> Options:
@@ -157,6 +161,8 @@ class Options:
                 f"lock_timeout ({self.lock_timeout} s) must not exceed statement_timeout ({self.statement_timeout} s): "
                 "a statement is cancelled at statement_timeout whatever it waits for"
             )
+        if self.idle_close < 0:
+            raise ConfigurationError("transport option idle_close must be >= 0 seconds (0: never)")
 
     def max_attempts_for(self, queue: str) -> int | None:
         """The configured per-queue max_attempts, if any."""

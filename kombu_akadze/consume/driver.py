@@ -10,14 +10,11 @@ from kombu_akadze.consume.wakeups import Waker, jittered
 
 
 class ListenSocket(Protocol):
-    """The LISTEN session as the driver sees it (consume.listener.Listener)."""
+    """The consumer's LISTEN as the driver sees it (consume.listener.Listener): whether it is armed. Its
+    wake-ups reach the loop through the waker (the heartbeat's thread waits on the socket)."""
 
-    fd: int | None
-    #: Sessions opened so far: a re-armed session may reuse the closed one's fd number.
-    sessions: int
-
-    def arm(self) -> int | None: ...
-    def drain(self) -> list[str]: ...
+    @property
+    def armed(self) -> bool: ...
 
 
 class Claims(Protocol):
@@ -36,11 +33,11 @@ SETTLE_TIMEOUT = 30.0
 
 
 class HubDriver:
-    """Celery's event loop (kombu hub) drives consumption: LISTEN socket readable -> claim; a jittered
-    safety poll re-arms LISTEN and claims anyway. The claim statement (which also writes the acks of
-    the ticks since the last one) is sent without waiting, one at a time, and its session's socket is a
-    reader of the hub, so the loop keeps handing results and tasks to the pool meanwhile and delivers
-    as soon as the result is read."""
+    """Celery's event loop (kombu hub) drives consumption: a wake-up (the waker, poked by the LISTEN
+    wait on the heartbeat's thread) -> claim; while LISTEN is not armed a jittered poll claims. The
+    claim statement (which also writes the acks of the ticks since the last one) is sent without
+    waiting, one at a time, and its session's socket is a reader of the hub, so the loop keeps handing
+    results and tasks to the pool meanwhile and delivers as soon as the result is read."""
 
     def __init__(
         self,
@@ -64,8 +61,6 @@ class HubDriver:
         self.poll_interval = poll_interval
         self.listen_poll_interval = listen_poll_interval
         self.check = check
-        self._registered_fd: int | None = None
-        self._registered_session = 0
         self._claim_fd: int | None = None
         self._loop_thread: int | None = None
         self._timer: Any = None
@@ -83,7 +78,6 @@ class HubDriver:
         # The waker is a reader of the hub: wake() from a pool-result callback, the heartbeat or
         # this driver itself makes the hub's next poll return at once, never after a poll timeout.
         self.hub.add_reader(self.waker.fileno(), self._on_wake)
-        self._arm()
         self.wake(ready=True)
         self._schedule_poll()
 
@@ -94,9 +88,6 @@ class HubDriver:
     def stop(self) -> None:
         self._stopped = True
         self.hub.remove_reader(self.waker.fileno())
-        if self._registered_fd is not None:
-            self.hub.remove_reader(self._registered_fd)
-            self._registered_fd = None
         for timer in (self._timer, self._soon):
             if timer is not None:
                 timer.cancel()
@@ -185,47 +176,21 @@ class HubDriver:
             more = self.claims_of.finish_claim()  # raises a connection error: Celery reconnects
             self.maybe_ready = self.maybe_ready or more
 
-    def _arm(self) -> None:
-        fd = self.listener.arm()
-        # Same fd number is not enough: a re-armed session often reuses the closed socket's number, and
-        # the poller forgot that one when it was closed, so the new socket must be registered anew.
-        if fd == self._registered_fd and self.listener.sessions == self._registered_session:
-            return
-        if self._registered_fd is not None:
-            self.hub.remove_reader(self._registered_fd)
-            self._registered_fd = None
-        if fd is not None:
-            self.hub.add_reader(fd, self._on_readable)
-            self._registered_fd = fd
-            self._registered_session = self.listener.sessions
-
-    def _on_readable(self, *args: Any) -> None:
-        woken = self.listener.drain()
-        if self.listener.fd is None:
-            self._arm()  # the session died: drop its socket, re-arm (or poll until we can)
-            self.wake(ready=True)
-        elif woken and not self._stopped:
-            self.maybe_ready = True
-            self._on_wake()  # at once, not one more loop tick later: this is the latency path
-
     def _on_poll(self) -> None:
         self._timer = None
         if self._stopped:
             return
         try:
             self.check()  # raises a connection error once our leases are lost: Celery reconnects
-            listening = (self._registered_fd, self._registered_session)
-            self._arm()
-            if self._registered_fd is None or (self._registered_fd, self._registered_session) != listening:
-                # Polling (no LISTEN), or LISTEN just re-armed (wake-ups may have been missed): claim.
-                # While LISTEN stays armed the poll claims nothing: the heartbeat reports claimable
-                # messages (a lost wake-up) and the transport wakes the loop then.
+            if not self.listener.armed:
+                # Polling (no LISTEN). While LISTEN is armed the poll claims nothing: the heartbeat
+                # reports claimable messages (a lost wake-up), and a re-armed LISTEN wakes the loop.
                 self.wake(ready=True)
         finally:
             self._schedule_poll()
 
     def _schedule_poll(self) -> None:
         if not self._stopped:
-            armed = self._registered_fd is not None
+            armed = self.listener.armed
             interval = self.listen_poll_interval if armed else self.poll_interval
             self._timer = self.hub.call_later(jittered(interval), self._on_poll)

@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection
+from typing import Protocol
 
 from kombu_akadze.errors import AkadzeError
 from kombu_akadze.lease import maintenance
@@ -17,8 +18,28 @@ from kombu_akadze.store import Store
 logger = logging.getLogger("kombu_akadze")
 
 
+class Pause(Protocol):
+    """What the heartbeat's thread does between two beats (consume.listener.Listener: wait on LISTEN)."""
+
+    def wait(self, timeout: float) -> None: ...
+    def interrupt(self) -> None: ...
+
+
+class _Sleep:
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def wait(self, timeout: float) -> None:
+        self._event.wait(timeout)
+        self._event.clear()
+
+    def interrupt(self) -> None:
+        self._event.set()
+
+
 class Heartbeat:
-    """Marks one consumer alive every *interval* seconds on its own database session."""
+    """Marks one consumer alive every *interval* seconds on its own database session; between two beats
+    its thread runs *pause* (the consumer's LISTEN wait, on the same session), or sleeps."""
 
     def __init__(
         self,
@@ -35,8 +56,10 @@ class Heartbeat:
         tracked: Callable[[], Collection[int] | None] = lambda: None,
         compactor: Compactor | None = None,
         vacuumer: Vacuumer | None = None,
+        pause: Pause | None = None,
     ) -> None:
         self.store = store
+        self.pause: Pause = pause if pause is not None else _Sleep()
         self.consumer_id = consumer_id
         self.hostname = hostname
         self.pid = pid
@@ -86,6 +109,7 @@ class Heartbeat:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
+        self.pause.interrupt()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
@@ -205,5 +229,8 @@ class Heartbeat:
                 self.on_tick()
             # After a failure retry sooner (backoff from 0.25 s), never later than the interval.
             delay = self.interval if failures == 0 else min(self.interval, 0.25 * 2 ** min(failures, 5))
-            if self._stop.wait(delay):
+            if self._stop.is_set():
+                return
+            self.pause.wait(delay)
+            if self._stop.is_set():
                 return

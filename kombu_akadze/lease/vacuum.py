@@ -29,7 +29,6 @@ class Vacuumer:
     def __init__(self, make_store: Callable[[], Store], *, threshold: int = THRESHOLD) -> None:
         self._make_store = make_store
         self.threshold = threshold
-        self._store: Store | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._warned = False
@@ -55,27 +54,21 @@ class Vacuumer:
         return True
 
     def close(self, timeout: float = 5.0) -> None:
-        """Wait up to *timeout* s for a VACUUM in flight; one still running closes its session when done
-        (closing it here would wait for the VACUUM on the store's lock and hold up the stop)."""
+        """Start no more VACUUMs and wait up to *timeout* s for one in flight (one still running closes its
+        session when done)."""
         with self._lock:
             self._closing = True
             thread = self._thread
         if thread is not None:
             thread.join(timeout)
-            if thread.is_alive():
-                return
-        if self._store is not None:
-            self._store.close()
 
     def _run(self) -> None:
+        """One VACUUM on a session of its own, closed after it: a consumer holds two sessions in steady
+        state, and VACUUM is rare."""
+        store = self._make_store()
         try:
-            if self._store is None:
-                self._store = self._make_store()
-            self._store.messages_vacuum()
+            store.messages_vacuum()
         except AkadzeError as exc:
             logger.warning("kombu-akadze vacuum of the messages table failed, next pass retries: %s", exc)
         finally:
-            with self._lock:
-                closing = self._closing
-            if closing and self._store is not None:
-                self._store.close()
+            store.close()

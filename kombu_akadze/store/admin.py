@@ -29,6 +29,14 @@ from kombu_akadze.urls import mask_password
 
 
 class AdminQueries(Session):
+    #: The connection listen_start ran LISTEN on, and the wake-ups read on it and not yet returned.
+    _listening_on: psycopg.Connection[Any] | None = None
+    _woken: list[str]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._woken = []
+
     def messages_size(self) -> TableSize:
         rows = self._run("messages_size", {"schema": self.schema})
         if not rows:
@@ -134,6 +142,9 @@ class AdminQueries(Session):
     def exchange_exists(self, *, name: str) -> bool:
         return bool(self._run("exchange_exists", {"name": name})[0]["present"])
 
+    def exchanges_unbound(self, *, names: Sequence[str]) -> set[str]:
+        return {r["name"] for r in self._run("exchanges_unbound", {"names": list(names)})}
+
     def exchange_delete(self, *, name: str) -> int:
         return int(self._run("exchange_delete", {"name": name})[0]["exchanges"])
 
@@ -161,22 +172,37 @@ class AdminQueries(Session):
     # -- LISTEN -------------------------------------------------------------
 
     def listen_start(self, *, channel: str) -> int:
-        """Open (or reopen) this session, LISTEN on a consumer's wake-up channel; returns the socket fd."""
+        """LISTEN on a consumer's wake-up channel on this session (connecting if needed); returns the socket
+        fd. The session may run other statements (the heartbeat's): wake-ups read meanwhile are kept for
+        listen_notifies."""
         query = sqlfiles.render("listen_start", channel=channel)
         with self._lock:
             conn = self.connection()
+            if conn is not self._listening_on:
+                conn.add_notify_handler(self._keep_notify)
             try:
                 conn.execute(query)
             except psycopg.Error as exc:
                 self._drop()
                 raise translate(exc, "listen_start", self.schema) from exc
+            self._listening_on = conn
             return conn.fileno()
 
+    @property
+    def listening(self) -> bool:
+        """Whether this session's current connection runs the LISTEN of listen_start (a reconnect ends it)."""
+        conn = self._listening_on
+        return conn is not None and conn is self._conn and self.connected
+
+    def _keep_notify(self, note: psycopg.Notify) -> None:
+        self._woken.append(note.payload)
+
     def listen_notifies(self) -> list[str]:
-        """Read what arrived on the socket without blocking; the payloads (queue names) of wake-ups."""
+        """Read what arrived on the socket without blocking; the payloads (queue names) of wake-ups, with
+        those read while other statements ran on this session."""
         with self._lock:
             conn = self._conn
-            if conn is None:
+            if conn is None or not self.listening:
                 raise TransientDatabaseError("listen_notifies: the LISTEN session is not open")
             pgconn = conn.pgconn
             try:
@@ -187,9 +213,9 @@ class AdminQueries(Session):
             if pgconn.status != psycopg.pq.ConnStatus.OK:
                 self._drop()
                 raise TransientDatabaseError("listen_notifies: the LISTEN session was lost")
-            payloads = []
             while (note := pgconn.notifies()) is not None:
-                payloads.append(note.extra.decode("utf-8", "replace"))
+                self._woken.append(note.extra.decode("utf-8", "replace"))
+            payloads, self._woken = self._woken, []
             return payloads
 
     # -- operations --

@@ -85,6 +85,9 @@ class LoopClaims(Session):
         if self._in_flight is not None:
             self._land_in_flight()
 
+    def _busy(self) -> bool:
+        return self._in_flight is not None or self._landed is not None
+
     def _reset(self, *, forget: bool) -> None:
         self._in_flight = None
         self._prepared_on = None

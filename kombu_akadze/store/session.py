@@ -7,6 +7,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -166,11 +167,12 @@ _WARNED_POOLED: set[str] = set()
 
 def _warn_pooled(dsn: str, role: str, *, timeouts_ok: bool) -> None:
     """Once per process and kind: what a pooler in front of PostgreSQL changes."""
-    if role == "listen" and "listen" not in _WARNED_POOLED:
+    if role == "heartbeat" and "listen" not in _WARNED_POOLED:
         _WARNED_POOLED.add("listen")
         logger.warning(
-            "kombu-akadze: the LISTEN session reaches PostgreSQL through a pooler (%s); under transaction "
-            "pooling its wake-ups may be lost: set the transport option listen_url to a direct URL, or listen=False",
+            "kombu-akadze: the heartbeat and LISTEN session reaches PostgreSQL through a pooler (%s); under "
+            "transaction pooling its wake-ups may be lost: set the transport option listen_url to a direct URL, "
+            "or listen=False",
             mask_password(dsn),
         )
     elif not timeouts_ok and "timeouts" not in _WARNED_POOLED:
@@ -226,6 +228,8 @@ class Session:
         self.pooled = False
         self._conn: psycopg.Connection[Any] | None = None
         self._lock = threading.RLock()
+        #: time.monotonic() of the last statement (see close_if_idle).
+        self.last_used = 0.0
         _LIVE_STORES.add(self)
 
     def __repr__(self) -> str:
@@ -235,6 +239,7 @@ class Session:
 
     def connection(self) -> psycopg.Connection[Any]:
         with self._lock:
+            self.last_used = time.monotonic()
             if self._conn is None or self._conn.closed or self._conn.broken:
                 self._drop()
                 try:
@@ -258,6 +263,23 @@ class Session:
     def close(self) -> None:
         with self._lock:
             self._drop()
+
+    def close_if_idle(self, idle: float) -> bool:
+        """Close the connection if no statement used it for *idle* seconds and nothing is in flight on it
+        (the next statement reconnects). Never waits: a session in use is busy, not idle."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self._conn is None or self._busy() or time.monotonic() - self.last_used < idle:
+                return False
+            self._drop()
+            return True
+        finally:
+            self._lock.release()
+
+    def _busy(self) -> bool:
+        """Whether a part keeps state on the connection that closing it would lose (store.loop)."""
+        return False
 
     def forget(self) -> None:
         """After fork: never touch the parent's session from the child (see _INHERITED)."""

@@ -1,5 +1,6 @@
-"""This connection as a consumer: its heartbeat (which runs the fleet's maintenance while elected), its
-LISTEN session, and the rule that a connection holding nothing stops beating."""
+"""This connection as a consumer: its second session, where a thread beats (and runs the fleet's
+maintenance while elected) and waits on LISTEN between beats; and the rule that a connection holding
+nothing stops beating."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import threading
 from collections.abc import Callable
 
 from kombu_akadze.consume.listener import Listener
-from kombu_akadze.consume.wakeups import Waker
 from kombu_akadze.errors import AkadzeError, TransientDatabaseError
 from kombu_akadze.lease.compact import Compactor
 from kombu_akadze.lease.heartbeat import Heartbeat
@@ -31,7 +31,7 @@ class ConsumerLease:
         options: Options,
         consumer_id: str,
         new_store: Callable[[str], Store],
-        waker: Waker,
+        on_wakeup: Callable[[], None],
         queues: Callable[[], list[str]],
         held: Callable[[], set[int]],
         holds_nothing: Callable[[], bool],
@@ -42,7 +42,7 @@ class ConsumerLease:
         self.options = options
         self.consumer_id = consumer_id
         self._new_store = new_store
-        self._waker = waker
+        self._on_wakeup = on_wakeup
         self._queues = queues
         self._held = held
         self._holds_nothing = holds_nothing
@@ -65,8 +65,13 @@ class ConsumerLease:
         with self._lock:
             if self.heartbeat is not None and self.heartbeat.running:
                 return
+            if self.listener is not None:
+                self.listener.close()
             opts = self.options
+            # One session for the heartbeat and LISTEN: listen_url's server when set (a pooler in front
+            # of the command session cannot carry LISTEN).
             store = self._new_store("heartbeat")
+            listener = Listener(store, channel=self.channel, enabled=opts.listen, on_wakeup=self._on_wakeup)
             heartbeat = Heartbeat(
                 store=store,
                 consumer_id=self.consumer_id,
@@ -80,15 +85,18 @@ class ConsumerLease:
                 tracked=self.tracked_ids,
                 compactor=Compactor(store, interval=opts.compact_interval) if opts.compact_interval else None,
                 vacuumer=Vacuumer(lambda: self._new_store("vacuum")),
+                pause=listener,
             )
             heartbeat.on_beat = self._on_beat
             heartbeat.on_tick = lambda: self._stop_if_idle(heartbeat)
-            heartbeat.start()
-            self.heartbeat = heartbeat
-            if self.listener is None:
-                self.listener = Listener(
-                    self._new_store("listen"), channel=self.channel, enabled=opts.listen, waker=self._waker
-                )
+            try:
+                listener.arm()  # before the first claim, which may park
+                heartbeat.start()
+            except BaseException:
+                listener.close()
+                store.close()
+                raise
+            self.heartbeat, self.listener = heartbeat, listener
 
     def park_channel(self) -> str | None:
         """The channel to park with when a claim comes back short: only for a connection that waits on
@@ -98,7 +106,7 @@ class ConsumerLease:
         listener = self.listener
         if listener is None or not self._listening():
             return None
-        return self.channel if listener.arm() is not None else None
+        return self.channel if listener.armed else None
 
     def may_claim(self) -> bool:
         """Whether a claim may run: the lease is registered and its last heartbeat is younger than the
@@ -153,6 +161,7 @@ class ConsumerLease:
             if not self._holds_nothing():
                 return
             self.heartbeat = None
+            listener, self.listener = self.listener, None
         finally:
             self._lock.release()
         try:  # on the heartbeat's own session, which stop() closes: the command session may be closed by now
@@ -161,16 +170,19 @@ class ConsumerLease:
             logger.info("kombu-akadze: could not remove idle consumer %s: %s", self.consumer_id, exc)
         finally:
             heartbeat.stop()
+            if listener is not None:
+                listener.close()
 
     def stop(self, store: Store) -> None:
-        """At close: the LISTEN session ends, the heartbeat stops and the consumer row goes (on *store*)."""
+        """At close: the heartbeat (and its LISTEN) stops and the consumer row goes (on *store*)."""
         with self._lock:  # exactly one of this and _stop_if_idle takes the heartbeat
             heartbeat, self.heartbeat = self.heartbeat, None
-        listener, self.listener = self.listener, None
+            listener, self.listener = self.listener, None
+        if heartbeat is not None:
+            heartbeat.stop()
         if listener is not None:
             listener.close()
         if heartbeat is not None:
-            heartbeat.stop()
             try:
                 store.consumer_delete(consumer_id=self.consumer_id)
             except AkadzeError as exc:

@@ -12,6 +12,7 @@ from kombu.exceptions import ChannelError
 from kombu.transport.base import to_rabbitmq_queue_arguments
 
 from kombu_akadze.errors import ConfigurationError, QueueFullError
+from kombu_akadze.store import Store
 
 if TYPE_CHECKING:
     from kombu_akadze.transport import Transport
@@ -25,6 +26,31 @@ OVERFLOW_MODES = ("drop-head", "reject-publish")
 _QUIET_EXCHANGES = re.compile(r"^(celeryev|.*\.pidbox)$")
 # Celery's event exchange: events are lossy by design, so "no monitor bound" may be cached.
 _EVENT_EXCHANGES = re.compile(r"^celeryev$")
+
+#: (dsn, schema) -> {event exchange: time.monotonic() until which it is known to have no bound queue}.
+#: One per process, shared by its connections: a worker's consuming connection refreshes it on its
+#: heartbeat session (see refresh_unbound), so the producer Celery keeps for events needs no round
+#: trip of its own while no monitor runs, and its session closes when idle (option idle_close).
+_UNBOUND: dict[tuple[str, str], dict[str, float]] = {}
+
+
+def unbound_routes(dsn: str, schema: str) -> dict[str, float]:
+    return _UNBOUND.setdefault((dsn, schema), {})
+
+
+def refresh_unbound(routes: dict[str, float], store: Store, *, ttl: float, within: float) -> None:
+    """Look again at the cached exchanges whose entry ends within *within* s: still unbound, kept *ttl* s
+    more; bound by now (a monitor started), dropped so the next event is routed."""
+    now = time.monotonic()
+    due = [name for name, until in list(routes.items()) if until - now < within]
+    if not due:
+        return
+    still = store.exchanges_unbound(names=due)
+    for name in due:
+        if name in still:
+            routes[name] = time.monotonic() + ttl
+        else:
+            routes.pop(name, None)
 
 
 def topic_pattern(binding_key: str) -> str:

@@ -55,8 +55,9 @@ Transport Options
 * ``listen`` (bool, default ``True``): a consumer whose claim comes back short parks on its
   queues and is woken by the next publish, on a LISTEN channel of its own (off: it polls;
   behind PgBouncer's transaction pooling only with ``listen_url``).
-* ``listen_url`` (str, default ``""``: the broker URL): where the LISTEN session connects, in any
-  form the broker URL takes; PostgreSQL itself when every other session goes through PgBouncer.
+* ``listen_url`` (str, default ``""``: the broker URL): where a consumer's second session (its
+  heartbeat, which also LISTENs) connects, in any form the broker URL takes; PostgreSQL itself
+  when the command sessions go through PgBouncer.
   Its password is masked wherever kombu-akadze shows it (prefer ``~/.pgpass`` or ``PGPASSWORD``:
   Celery's ``report`` shows transport options as given).
 * ``listen_poll_interval`` (float, default 10, seconds): check of an armed LISTEN session (the
@@ -78,6 +79,8 @@ Transport Options
 * ``statement_timeout`` (float, default 300, seconds; 0: none): longest run of any statement (the VACUUM
   fallback excepted); a backstop, far above any normal statement. Through a pooler neither is SET
   (it would stay on a shared server connection): set them on the role (docs/operations.md).
+* ``idle_close`` (float, default 30, seconds; 0: never): the session of a connection that only
+  publishes is closed after this long unused; the next publish reconnects.
 """
 
 from __future__ import annotations
@@ -101,10 +104,11 @@ from kombu_akadze.consume.flusher import DelayedFlush
 from kombu_akadze.consume.listener import Listener
 from kombu_akadze.consume.outcomes import KINDS
 from kombu_akadze.consume.wakeups import Waker, jittered
-from kombu_akadze.errors import ConfigurationError, TransientDatabaseError
+from kombu_akadze.errors import AkadzeError, ConfigurationError, TransientDatabaseError
 from kombu_akadze.lease.heartbeat import Heartbeat
 from kombu_akadze.options import Options
 from kombu_akadze.store import DRIVER_VERSION, ClaimedMessage, Store, migrate
+from kombu_akadze.transport import exchanges, idle
 from kombu_akadze.transport.channel import Channel as AkadzeChannel
 from kombu_akadze.transport.claims import ClaimCycle
 from kombu_akadze.transport.consumer import ConsumerLease
@@ -158,13 +162,11 @@ class Transport(virtual.Transport):
         #: Anyone else's outcomes (basic_get): with the next claim, or OUTCOME_DELAY s after the first.
         self._delayed_flush = DelayedFlush(self.flush_outcomes, OUTCOME_DELAY)
         self.waker = Waker()
-        #: exchange -> monotonic time until which it is known to have no bound queue (events only).
-        self.unbound_until: dict[str, float] = {}
         self.lease = ConsumerLease(
             options=self.options,
             consumer_id=self.consumer_id,
             new_store=self._new_store,
-            waker=self.waker,
+            on_wakeup=lambda: self.wake(ready=True),
             queues=self.consumed_queues,
             held=self._held_ids,
             holds_nothing=self._holds_nothing,
@@ -185,17 +187,41 @@ class Transport(virtual.Transport):
             raise ConfigurationError(str(exc)) from None
         return embedded.start() if dsn is None else dsn
 
+    @cached_property
+    def unbound_until(self) -> dict[str, float]:
+        """Event exchange -> monotonic time until which it is known to have no bound queue, shared by this
+        process's connections to the same schema (see exchanges.refresh_unbound)."""
+        return exchanges.unbound_routes(self.dsn, self.options.schema)
+
     @property
     def listen_dsn(self) -> str:
-        """Where the LISTEN session connects: listen_url (PostgreSQL itself, when the broker URL is a
-        pooler), with the broker's TLS settings where it sets none of its own; else the broker's DSN."""
+        """Where the heartbeat session (which also LISTENs) connects: listen_url (PostgreSQL itself, when
+        the broker URL is a pooler), with the broker's TLS settings where it sets none of its own; else
+        the broker's DSN."""
         return self._listen_dsn or self.dsn
 
     @cached_property
     def store(self) -> Store:
         store = self._new_store("command")
         store.on_claim_landing = self._claim_landing
+        idle.CLOSER.watch(self)
         return store
+
+    def idle_close_after(self) -> float:
+        return self.options.idle_close
+
+    def close_idle_session(self) -> bool:
+        """Close the command session if this connection only publishes (no consumer, no event loop, nothing
+        held or buffered) and has not used it for idle_close seconds (called by idle.CLOSER's thread)."""
+        store = self.__dict__.get("store")
+        if store is None or self.lease.heartbeat is not None or self._driver is not None:
+            return False
+        try:
+            if not self._holds_nothing():
+                return False
+        except RuntimeError:  # a buffer changed size as it was read: not idle
+            return False
+        return store.close_if_idle(self.options.idle_close)
 
     @cached_property
     def deliverer(self) -> Deliverer:
@@ -224,7 +250,7 @@ class Transport(virtual.Transport):
         fallback's has no statement limit: VACUUM of a big table legitimately takes longer)."""
         opts = self.options
         return Store(
-            self.listen_dsn if role == "listen" else self.dsn,
+            self.listen_dsn if role == "heartbeat" else self.dsn,
             schema=opts.schema,
             role=role,
             connect_timeout=opts.connect_timeout,
@@ -335,6 +361,14 @@ class Transport(virtual.Transport):
         heartbeat = self.lease.heartbeat
         if heartbeat is not None and heartbeat.ready:
             self.wake(ready=True)
+        if heartbeat is not None and self.unbound_until:
+            opts = self.options
+            try:  # on the heartbeat's session, open anyway: Celery's event producer needs none of its own
+                exchanges.refresh_unbound(
+                    self.unbound_until, heartbeat.store, ttl=opts.event_route_cache, within=2 * opts.heartbeat_interval
+                )
+            except AkadzeError as exc:
+                logger.debug("kombu-akadze: event route check on the heartbeat session failed: %s", exc)
         if self._draining or self._driver is None:
             self.flush_outcomes()
 
@@ -369,7 +403,7 @@ class Transport(virtual.Transport):
         return self.claims.claim(queues, limits)
 
     def register_with_event_loop(self, connection: Any, loop: Any) -> None:
-        """Celery's worker runs its event loop (asynloop): wake-ups come from the LISTEN socket."""
+        """Celery's worker runs its event loop (asynloop): wake-ups come through the waker."""
         self.lease.ensure()
         assert self.lease.listener is not None
         if self._driver is not None:
@@ -402,7 +436,7 @@ class Transport(virtual.Transport):
         self.waker.wake()
 
     def drain_events(self, connection: Any, timeout: float | None = None) -> None:  # type: ignore[override]
-        """Deliver one message; else wait on LISTEN, an ack (waker) or the safety poll, up to *timeout*."""
+        """Deliver one message; else wait for a wake-up or an ack (the waker) or the safety poll, up to *timeout*."""
         deadline = None if timeout is None else time.monotonic() + timeout
         self._draining = True
         while True:
@@ -414,7 +448,7 @@ class Transport(virtual.Transport):
             if self.deliverer.deliver_one():
                 return
             listener = self.lease.listener
-            armed = listener is not None and listener.fd is not None
+            armed = listener is not None and listener.armed
             wait = jittered(self.options.listen_poll_interval if armed else self.options.poll_interval)
             if self.claims.retry_delay is not None:
                 wait = min(wait, self.claims.retry_delay)  # it could not park: no wake-up will come
@@ -423,7 +457,4 @@ class Transport(virtual.Transport):
                 if remaining <= 0:
                     raise TimeoutError()
                 wait = min(wait, remaining)
-            if listener is not None:
-                listener.wait(wait)
-            else:
-                self.waker_wait(wait)
+            self.waker_wait(wait)  # a wake-up (LISTEN, on the heartbeat's thread) or an ack pokes the waker

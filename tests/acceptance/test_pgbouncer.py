@@ -216,8 +216,8 @@ def test_celery_worker_behind_pgbouncer_runs_each_task_once_with_listen_direct(
         )
         assert tally == Tally(sent=150, completed=150, duplicated=0, queued=0, lost=0)
         assert wakeup < 10, "the idle worker was woken by a poll, not by LISTEN"
-        assert direct == ["akadze-listen"]  # the worker's one consuming connection
-        assert "akadze-listen" not in through
+        assert direct == ["akadze-heartbeat"]  # the worker's one consuming connection: heartbeat and LISTEN
+        assert "akadze-heartbeat" not in through
         assert servers <= POOL_SIZE
     finally:
         admin.close()

@@ -267,7 +267,7 @@ class Proxy:
     Paused, it still accepts and reads but forwards nothing either way (bytes wait in the proxy, so
     the peers see silence, not an error); resumed, everything held goes through in order. A pause can
     be limited to the sessions whose application_name starts with given prefixes (kombu-akadze names
-    its sessions akadze-command, akadze-listen, akadze-heartbeat).
+    its sessions akadze-command, akadze-heartbeat — which also LISTENs —, akadze-vacuum).
     """
 
     def __init__(self, target_port: int, *, bind: str = HOST) -> None:

@@ -1,4 +1,4 @@
-"""pg_terminate_backend of the workers' LISTEN, heartbeat and claim (command) sessions and of the
+"""pg_terminate_backend of the workers' heartbeat (which also LISTENs) and claim (command) sessions and of the
 producer's publish session, each many times while tasks flow: each heals by itself within seconds,
 nothing is lost, only messages in flight at a kill may run twice, and LISTEN keeps waking consumers."""
 
@@ -17,8 +17,7 @@ WORKERS = ("a", "b")
 #: application_name prefix of each kind of session (store.connect names them akadze-<role>), and how
 #: many of them there are at least: one per worker, one for the producer.
 ROLES = {
-    "listen": ("akadze-listen", len(WORKERS)),
-    "heartbeat": ("akadze-heartbeat", len(WORKERS)),
+    "heartbeat+listen": ("akadze-heartbeat", len(WORKERS)),
     "claim": ("akadze-command", len(WORKERS)),
     "publish": (PRODUCER_APP, 1),
 }
@@ -78,7 +77,7 @@ def test_terminated_sessions_heal_within_seconds_and_lose_nothing(own: Faults) -
     own.until(lambda: own.ledgers.all_done(published), timeout=180, interval=0.5, what="every task completed")
     own.until(lambda: own.queued() == 0, timeout=60, interval=0.2, what="every message acked")
     result = verdict(
-        "pg_terminate_backend of listen/heartbeat/claim/publish sessions",
+        "pg_terminate_backend of heartbeat+listen/claim/publish sessions",
         injected=f"{ROUNDS} rounds x {len(ROLES)} kinds, {killed} backends ended",
         published=published,
         ledgers=own.ledgers,
@@ -97,13 +96,14 @@ def test_terminated_sessions_heal_within_seconds_and_lose_nothing(own: Faults) -
 
 @pytest.mark.slow
 def test_listen_wakes_an_idle_worker_promptly_after_its_listen_session_is_terminated(own: Faults) -> None:
+    """The LISTEN runs on the heartbeat's session: terminated, it is re-armed after the next beat."""
     poll = 20.0  # so only LISTEN can explain a prompt start
     own.options = {**OPTIONS, "poll_interval": poll, "listen_poll_interval": poll}
     server = own.server
     assert server is not None
     own.start_worker("a", concurrency=1)
     app = own.producer()
-    own.until(lambda: server.sessions("akadze-listen"), timeout=90, what="worker a listens")
+    own.until(lambda: server.sessions("akadze-heartbeat"), timeout=90, what="worker a listens")
 
     def latency(n: int) -> float:
         sent = time.time()
@@ -115,15 +115,15 @@ def test_listen_wakes_an_idle_worker_promptly_after_its_listen_session_is_termin
     after = []
     ended_all: set[int] = set()
     for k in range(3):
-        ended = set(server.terminate("akadze-listen"))
+        ended = set(server.terminate("akadze-heartbeat"))
         ended_all |= ended
         own.until(
-            lambda e=ended: set(server.sessions("akadze-listen")) - e, timeout=2 * poll + 10, what="LISTEN re-armed"
+            lambda e=ended: set(server.sessions("akadze-heartbeat")) - e, timeout=2 * poll + 10, what="LISTEN re-armed"
         )
         after.append(latency(k + 1))
     result = verdict(
         "LISTEN session terminated, idle worker",
-        injected=f"{len(ended_all)} pg_terminate_backend of akadze-listen",
+        injected=f"{len(ended_all)} pg_terminate_backend of akadze-heartbeat",
         published=range(4),
         ledgers=own.ledgers,
         recovery=max(after),

@@ -123,3 +123,7 @@ SELECT {schema}.wake(%(queues)s::text[]) AS woken;
 INSERT INTO {schema}.messages (queue, body, content_type, content_encoding, properties)
 VALUES (%(queue)s, %(body)s, 'application/json', 'utf-8',
         '{"delivery_info": {"exchange": "", "routing_key": "lost"}, "delivery_mode": 2}'::jsonb);
+
+-- name: backends_alive
+-- How many of these backend pids are live sessions on the server.
+SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%(pids)s);

@@ -4,6 +4,7 @@ a consumer parking while a publish commits is never left asleep (function wake a
 
 from __future__ import annotations
 
+import select
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 from kombu_akadze.integrations.testing import eventually
 from kombu_akadze.store import NewMessage, Store, sqlfiles, wake_channel
+from kombu_akadze.store.session import _LIVE_STORES
 
 SQL = sqlfiles.parse_blocks(Path(__file__).with_name("inspect.sql").read_text())
 
@@ -146,4 +148,35 @@ def test_a_lost_wake_up_costs_at_most_a_heartbeat_not_a_safety_poll(make_connect
     assert not thread.is_alive(), "the consumer waited for its safety poll (60-120 s)"
     assert got[0].body == b'{"n": 1}'
     got[0].ack()
+    simple.close()
+
+
+def test_wake_ups_read_while_the_session_runs_other_statements_are_kept(
+    store: Store, parked_listener: Callable[..., Store]
+) -> None:
+    """The heartbeat and LISTEN share one session: a NOTIFY that arrives while a heartbeat statement runs is
+    read by that statement, and must reach the next listen_notifies all the same."""
+    parked = parked_listener("shared", consumer="beating")
+    store.message_insert(NewMessage(queue="shared", body=b"x"))
+    fd = parked.connection().fileno()
+    eventually(lambda: select.select([fd], [], [], 0.05)[0], timeout=10, what="the NOTIFY on the socket")
+    assert sum(parked.message_counts().values()) == 1  # another statement on the session reads the NOTIFY first
+    assert parked.listen_notifies() == ["shared"]
+    assert parked.listen_notifies() == []
+
+
+def test_a_consuming_connection_holds_two_sessions_the_command_and_the_heartbeat_that_listens(
+    make_connection: Any, store: Store, schema: str
+) -> None:
+    conn = make_connection()
+    simple = conn.SimpleQueue("two")
+    with pytest.raises(simple.Empty):
+        simple.get(timeout=1)  # parked: the heartbeat runs and LISTEN is armed
+    transport = conn.transport
+    assert transport.listener.armed
+    assert transport.listener.store is transport.heartbeat.store
+    mine = [s for s in list(_LIVE_STORES) if s.schema == schema and s.connected and s is not store]
+    assert sorted(s.role for s in mine) == ["command", "heartbeat"]
+    pids = [s.connection().info.backend_pid for s in mine]
+    assert store.connection().execute(SQL["backends_alive"], {"pids": pids}).fetchone() == (2,)
     simple.close()

@@ -82,6 +82,13 @@ WHERE (e.type, e.durable, e.auto_delete, e.arguments)
 -- Whether an exchange was declared.
 SELECT EXISTS (SELECT 1 FROM {schema}.exchanges WHERE name = %(name)s) AS present;
 
+-- name: exchanges_unbound
+-- Which of these exchanges no queue is bound to (a process's event-route cache, refreshed on a
+-- consumer's heartbeat session: see transport.exchanges).
+SELECT x.name
+FROM unnest(%(names)s::text[]) AS x(name)
+WHERE NOT EXISTS (SELECT 1 FROM {schema}.bindings AS b WHERE b.exchange = x.name);
+
 -- name: exchange_delete
 -- Drop an exchange and its bindings (queues and their messages stay).
 WITH unbound AS (

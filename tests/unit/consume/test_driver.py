@@ -1,5 +1,6 @@
 """The event-loop driver's state machine without a database or kombu: a recording hub, a scripted claim
-statement and LISTEN socket. One claim in flight at a time; a wake-up during it is not lost; a stop
+statement, and LISTEN as the driver sees it (armed or not; its wake-ups come through the waker, as the
+heartbeat's thread sends them). One claim in flight at a time; a wake-up during it is not lost; a stop
 settles what is in flight."""
 
 from __future__ import annotations
@@ -42,19 +43,16 @@ class Timer:
 
 
 class Socket:
-    """The LISTEN session: *notifies* is what the next drain() returns."""
+    """The LISTEN as the driver sees it: armed or not. A wake-up is driver.wake(ready=True) (see notify)."""
 
-    def __init__(self, fd: int | None = 700) -> None:
-        self.fd = fd
-        self.sessions = 1
-        self.notifies: list[str] = []
+    def __init__(self) -> None:
+        self.armed = True
 
-    def arm(self) -> int | None:
-        return self.fd
 
-    def drain(self) -> list[str]:
-        names, self.notifies = self.notifies, []
-        return names
+def notify(driver: HubDriver, hub: Hub) -> None:
+    """A NOTIFY read on the heartbeat's thread: it wakes the loop, which runs its next tick."""
+    driver.wake(ready=True)
+    hub.fire(driver.waker.fileno())
 
 
 class Statement:
@@ -135,9 +133,9 @@ def tick(driver: HubDriver, hub: Hub) -> None:
     hub.fire(driver.waker.fileno())
 
 
-def test_start_watches_the_waker_and_the_listen_socket_and_schedules_the_safety_poll() -> None:
-    driver, hub, socket, _, _ = rig()
-    assert set(hub.readers) == {driver.waker.fileno(), socket.fd}
+def test_start_watches_the_waker_only_and_schedules_the_safety_poll() -> None:
+    driver, hub, _, _, _ = rig()
+    assert set(hub.readers) == {driver.waker.fileno()}
     assert len(hub.timers) == 1
     assert 5.0 <= hub.timers[0].delay <= 10.0  # the LISTEN-armed poll, jittered into its upper half
     assert driver.maybe_ready
@@ -155,20 +153,18 @@ def test_a_claim_is_sent_then_its_socket_watched_and_its_messages_delivered_when
 
 
 def test_one_claim_in_flight_at_a_time_whatever_wakes_the_loop() -> None:
-    driver, hub, socket, statement, _ = rig()
+    driver, hub, _, statement, _ = rig()
     tick(driver, hub)
-    socket.notifies = ["q"]
-    hub.fire(socket.fd)  # type: ignore[arg-type]
+    notify(driver, hub)
     driver.wake(ready=True)
     tick(driver, hub)
     assert statement.sent == [True]
 
 
 def test_a_notify_that_arrives_during_a_claim_makes_the_next_round_claim_again() -> None:
-    driver, hub, socket, statement, delivered = rig()
+    driver, hub, _, statement, delivered = rig()
     tick(driver, hub)
-    socket.notifies = ["q"]  # a message published after the claim's snapshot was taken
-    hub.fire(socket.fd)  # type: ignore[arg-type]
+    notify(driver, hub)  # a message published after the claim's snapshot was taken
     statement.batch = 0  # the claim in flight found nothing
     statement.arrive()
     hub.fire(CLAIM_FD)
@@ -209,16 +205,16 @@ def test_stop_settles_the_claim_in_flight_and_leaves_the_hub_clean() -> None:
     assert hub.timers[0].cancelled
 
 
-def test_a_lost_listen_session_is_rearmed_and_its_socket_registered_anew() -> None:
+def test_the_poll_interval_follows_whether_listen_is_armed() -> None:
     driver, hub, socket, _, _ = rig()
-    old = socket.fd
-    socket.fd = None  # drain() found the session dead
-    hub.fire(old)  # type: ignore[arg-type]
-    assert old not in hub.readers
-    socket.fd, socket.sessions = old, 2  # a new session that got the same fd number back
-    hub.timers[-1].callback()  # the safety poll re-arms
-    assert old in hub.readers
+    socket.armed = False  # the session was lost: until the heartbeat's thread re-arms, the loop polls
+    hub.timers[-1].callback()
+    assert 0.5 <= hub.timers[-1].delay <= 1.0  # poll_interval, jittered
     assert driver.maybe_ready
+    socket.armed = True
+    hub.timers[-1].callback()
+    assert 5.0 <= hub.timers[-1].delay <= 10.0  # listen_poll_interval
+    driver.stop()
 
 
 def test_claim_soon_schedules_one_claim_and_does_not_stack() -> None:
@@ -251,9 +247,7 @@ def test_the_safety_poll_of_an_armed_driver_claims_nothing_and_of_a_polling_one_
     tick(driver, hub)
     assert True not in statement.sent[sent:]
     polling, hub2, socket2, statement2, _ = rig()
-    socket2.fd = None  # no LISTEN (listen=False, or the session is down): the poll is what claims
-    hub2.readers.pop(700, None)
-    polling._registered_fd = None
+    socket2.armed = False  # no LISTEN (listen=False, or the session is down): the poll is what claims
     statement2.batch = 0
     tick(polling, hub2)
     statement2.arrive()
