@@ -18,8 +18,13 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from kombu_akadze.errors import DatabaseError, SchemaNotAppliedError, TransientDatabaseError
-from kombu_akadze.store import sqlfiles
+from kombu_akadze.errors import (
+    DatabaseError,
+    PermanentConnectionError,
+    SchemaNotAppliedError,
+    TransientDatabaseError,
+)
+from kombu_akadze.store import refusals, sqlfiles
 from kombu_akadze.urls import mask_password
 
 if TYPE_CHECKING:
@@ -65,10 +70,12 @@ if hasattr(os, "register_at_fork"):
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Whether a psycopg error is one a reconnect or retry can outlive."""
+    """Whether a psycopg error is one a reconnect or retry can outlive (a refused login is not)."""
     if isinstance(exc, psycopg.InterfaceError):
         return True
     if not isinstance(exc, psycopg.Error):
+        return False
+    if refusals.refusal(str(exc), exc.sqlstate) is not None:
         return False
     state = exc.sqlstate
     if state is None:
@@ -79,8 +86,13 @@ def is_transient(exc: BaseException) -> bool:
 def translate(exc: psycopg.Error, what: str, schema: str) -> DatabaseError:
     """The kombu-akadze error for a psycopg error; callers ``raise translate(...) from exc``."""
     detail = mask_password(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+    refused = refusals.refusal(str(exc), exc.sqlstate)
+    if refused is not None:
+        return PermanentConnectionError(mask_password(refusals.describe(refused, what)))
     if is_transient(exc):
-        return TransientDatabaseError(f"{what}: transient database error, will retry: {detail}")
+        # kombu and Celery retry it where a retry policy applies (a worker's connection, a publish
+        # with retry=True); the words "will retry" would be untrue for a caller that has none.
+        return TransientDatabaseError(f"{what}: transient database error, retryable: {detail}")
     if isinstance(exc, pg_errors.UndefinedTable | pg_errors.InvalidSchemaName):
         return SchemaNotAppliedError(
             f"{what}: the kombu-akadze schema {schema!r} is not there ({detail}); "
