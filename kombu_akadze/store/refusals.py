@@ -12,9 +12,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from kombu_akadze.errors import DatabaseError, PermanentConnectionError, TransientDatabaseError
+from kombu_akadze.urls import mask_password
+
 #: SQLSTATEs of a refused login, when the error carries one (invalid_authorization_specification,
 #: invalid_password, invalid_catalog_name).
 PERMANENT_SQLSTATES = frozenset({"28000", "28P01", "3D000"})
+
+#: DSNs this process has connected with. A refusal of one of them (a role set NOLOGIN for a while, a
+#: password rotation half done) is retried like an outage, since it worked and may work again; a
+#: refusal of a DSN that never worked is a mistake to fix, reported at once.
+_ACCEPTED: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -122,3 +130,22 @@ def describe(refusal: Refusal, what: str) -> str:
         f"{what}: {refusal.reason} ({code}): {refusal.line}; {refusal.fix}. Not retried: "
         "only a change of configuration fixes this (see docs/operations.md, Troubleshooting)"
     )
+
+
+def accepted(dsn: str) -> None:
+    """Remember that *dsn* connected (see _ACCEPTED)."""
+    _ACCEPTED.add(dsn)
+
+
+def error_for(message: str, sqlstate: str | None, what: str, *, dsn: str | None) -> DatabaseError | None:
+    """The error for a refused connection (None: not a refusal): permanent, unless *dsn* worked before
+    in this process, when it is retried with the reason and the fix in every log line."""
+    refused = refusal(message, sqlstate)
+    if refused is None:
+        return None
+    if dsn is not None and dsn in _ACCEPTED:
+        return TransientDatabaseError(
+            f"{what}: {refused.reason}, though this process connected with this URL before: "
+            f"{mask_password(refused.line)}; retryable, in case an operator's change is undone ({refused.fix})"
+        )
+    return PermanentConnectionError(mask_password(describe(refused, what)))

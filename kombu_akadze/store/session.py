@@ -20,7 +20,6 @@ from psycopg.types.json import Jsonb
 
 from kombu_akadze.errors import (
     DatabaseError,
-    PermanentConnectionError,
     SchemaNotAppliedError,
     TransientDatabaseError,
 )
@@ -83,12 +82,13 @@ def is_transient(exc: BaseException) -> bool:
     return state in _TRANSIENT_SQLSTATES or state.startswith(_TRANSIENT_SQLSTATE_PREFIXES)
 
 
-def translate(exc: psycopg.Error, what: str, schema: str) -> DatabaseError:
-    """The kombu-akadze error for a psycopg error; callers ``raise translate(...) from exc``."""
+def translate(exc: psycopg.Error, what: str, schema: str, *, dsn: str | None = None) -> DatabaseError:
+    """The kombu-akadze error for a psycopg error; callers ``raise translate(...) from exc``. *dsn*: the
+    one a failed connection attempt used (a refusal of a DSN that worked before is retried)."""
     detail = mask_password(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
-    refused = refusals.refusal(str(exc), exc.sqlstate)
+    refused = refusals.error_for(str(exc), exc.sqlstate, what, dsn=dsn)
     if refused is not None:
-        return PermanentConnectionError(mask_password(refusals.describe(refused, what)))
+        return refused
     if is_transient(exc):
         # kombu and Celery retry it where a retry policy applies (a worker's connection, a publish
         # with retry=True); the words "will retry" would be untrue for a caller that has none.
@@ -165,6 +165,7 @@ def connect_probed(
     except BaseException:
         conn.close()
         raise
+    refusals.accepted(dsn)
     pooled = bool(row and row[0])
     if not prepared_statements or pooled:
         conn.prepare_threshold = None
@@ -259,7 +260,7 @@ class Session:
                         statement_timeout=self.statement_timeout,
                     )
                 except psycopg.Error as exc:
-                    raise translate(exc, f"connecting to {mask_password(self.dsn)}", self.schema) from exc
+                    raise translate(exc, f"connecting to {mask_password(self.dsn)}", self.schema, dsn=self.dsn) from exc
             return self._conn
 
     @property
