@@ -7,7 +7,7 @@ import select
 import time
 
 from kombu_akadze.consume.wakeups import Waker
-from kombu_akadze.errors import AkadzeError
+from kombu_akadze.errors import AkadzeError, PermanentConnectionError
 from kombu_akadze.store import Store
 
 logger = logging.getLogger("kombu_akadze")
@@ -35,6 +35,16 @@ class Listener:
             try:
                 self.fd = self.store.listen_start(channel=self.channel)
                 self.sessions += 1
+            except PermanentConnectionError as exc:
+                # listen_url refused for good (it never connected): re-arming at every poll would log the
+                # same refusal each time; the consumer polls, as with listen=False, and says so once.
+                self.fd = None
+                self.enabled = False
+                logger.error(
+                    "kombu-akadze: LISTEN turned off for this connection, consumers poll instead (poll_interval) "
+                    "until listen_url is fixed and the worker restarted: %s",
+                    exc,
+                )
             except AkadzeError as exc:
                 self.fd = None
                 logger.warning("kombu-akadze LISTEN could not be armed, polling meanwhile: %s", exc)

@@ -6,6 +6,7 @@ closest name; a broker URL kombu cannot map to a transport says what to write.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -71,13 +72,44 @@ def _env(broker_url: str, *, options: dict[str, Any] | None = None, **extra: str
     return env
 
 
-def _worker(tmp_path: Path, broker_url: str, *, options: dict[str, Any] | None = None, until: str | None = None) -> Run:
-    """`celery -A mistakes_app worker` (prefork, events on: every connection a worker makes) until it exits,
-    or until *until* appears in its output (then a warm shutdown); its exit code, seconds and output."""
+@dataclass
+class Running:
+    """A `celery -A mistakes_app worker` process and its log."""
+
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    began: float
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for(self, text: str | None, timeout: float = START) -> Run:
+        """Until the worker exits, or *text* appears in its output; its exit code (None: running) and seconds."""
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            if text is not None and text in self.output():
+                break
+            time.sleep(0.1)
+        return Run(self.proc.poll(), time.monotonic() - self.began, self.output())
+
+    def stop(self) -> None:
+        """A warm shutdown, then SIGKILL to the whole group if it is still there."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(60)
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(60)
+
+
+@contextlib.contextmanager
+def _running(tmp_path: Path, broker_url: str, *, options: dict[str, Any] | None = None) -> Iterator[Running]:
+    """`celery -A mistakes_app worker` (prefork, events on: every connection a worker makes), stopped at exit."""
     log_path = tmp_path / f"worker-{time.monotonic_ns()}.log"
     command = [CELERY, "-A", "mistakes_app", "worker", "-P", "prefork", "-c", "1", "-E", "--loglevel=INFO"]
-    began = time.monotonic()
     with open(log_path, "wb") as log:
+        began = time.monotonic()
         proc = subprocess.Popen(
             [*command, "-n", f"mistakes-{time.monotonic_ns()}@%h"],
             cwd=tmp_path,
@@ -86,22 +118,18 @@ def _worker(tmp_path: Path, broker_url: str, *, options: dict[str, Any] | None =
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        running = Running(proc, log_path, began)
         try:
-            deadline = began + START
-            while proc.poll() is None and time.monotonic() < deadline:
-                if until is not None and until in log_path.read_text(errors="replace"):
-                    break
-                time.sleep(0.1)
-            seconds = time.monotonic() - began
-            code = proc.poll()
-            if code is None and until is not None and until in log_path.read_text(errors="replace"):
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(60)
+            yield running
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(60)
-    return Run(code, seconds, log_path.read_text(errors="replace"))
+            running.stop()
+
+
+def _worker(tmp_path: Path, broker_url: str, *, options: dict[str, Any] | None = None, until: str | None = None) -> Run:
+    """A worker until it exits, or until *until* appears in its output (then a warm shutdown)."""
+    with _running(tmp_path, broker_url, options=options) as worker:
+        run = worker.wait_for(until)
+    return Run(run.code, run.seconds, worker.output())
 
 
 def _producer(tmp_path: Path, broker_url: str, **extra: str) -> Run:
@@ -187,6 +215,32 @@ def test_an_outage_is_still_retried_by_the_worker(tmp_path: Path) -> None:
     assert run.code is None, run.output[-3000:]  # still running when the retry was announced
     assert "transient database error, retryable" in run.output
     assert "Not retried" not in run.output
+
+
+@pytest.mark.slow
+def test_a_refused_listen_url_turns_listen_off_once_and_the_worker_polls(server: PgServer, tmp_path: Path) -> None:
+    """listen_url is optional: refused for good, the worker says so once and runs tasks by polling."""
+    options = {"listen_url": server.url(user=f"{PW_ROLE}:{WRONG}"), "poll_interval": 0.2}
+    with _running(tmp_path, "akadze+" + server.url(), options=options) as worker:
+        ready = worker.wait_for(" ready.")
+        assert ready.code is None, ready.output[-3000:]
+        app = Celery("mistakes-producer", broker="akadze+" + server.url())
+        app.conf.broker_transport_options = {"schema": SCHEMA}
+        try:
+            app.send_task("mistakes.add", args=[2, 3])
+        finally:
+            app.close()
+        ran = worker.wait_for("succeeded in")
+        assert ran.code is None, ran.output[-3000:]
+        assert "succeeded in" in ran.output
+        polls = max(1, round(2 / 0.2))
+        worker.wait_for("never printed", timeout=2)  # an observation window of ~10 polls, each of which re-armed
+    output = worker.output()
+    refusals = [line for line in output.splitlines() if "LISTEN" in line and "wrong password" in line]
+    print(f"\nlisten_url refused: {len(refusals)} log line(s) over at least {polls} polls")
+    assert len(refusals) == 1
+    assert "LISTEN turned off for this connection" in refusals[0]
+    assert WRONG not in output
 
 
 # -- a URL without a database ---------------------------------------------------------------------------
