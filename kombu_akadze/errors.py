@@ -20,6 +20,13 @@ class TransientDatabaseError(DatabaseError, ConnectionError):
     serialization failure: safe to retry with backoff (kombu reconnects)."""
 
 
+class PermanentConnectionError(DatabaseError):
+    """The server refused the connection for a reason only a change of configuration fixes: a wrong
+    password, a role or database that does not exist, no pg_hba.conf entry. Deliberately not a
+    ConnectionError, so kombu and Celery fail at once instead of retrying for minutes; the message
+    says what to fix."""
+
+
 class PermissionDeniedError(DatabaseError):
     """The role may not run this statement (e.g. REINDEX needs the table's owner)."""
 

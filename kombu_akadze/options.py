@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -28,6 +30,28 @@ FOREIGN_OPTIONS = frozenset(
         "client_properties",
     }
 )
+
+
+#: Unknown option names already warned about: a Celery worker builds a transport for each of its
+#: connections (consumer, remote control, gossip, events, producer pool), one warning is enough.
+_WARNED_UNKNOWN: set[str] = set()
+_WARNED_LOCK = threading.Lock()
+
+
+def warn_unknown(unknown: list[str], known: set[str]) -> None:
+    """Warn once per process about each unknown option name, with the closest valid name if one is close."""
+    with _WARNED_LOCK:
+        fresh = [name for name in unknown if name not in _WARNED_UNKNOWN]
+        _WARNED_UNKNOWN.update(fresh)
+    for name in fresh:
+        close = difflib.get_close_matches(name, sorted(known | FOREIGN_OPTIONS), n=1, cutoff=0.75)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        logger.warning(
+            "kombu-akadze ignores unknown transport option %r: %svalid options: %s",
+            name,
+            hint,
+            ", ".join(sorted(known)),
+        )
 
 
 @dataclass(frozen=True)
@@ -105,11 +129,7 @@ class Options:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(raw) - known - FOREIGN_OPTIONS)
         if unknown:
-            logger.warning(
-                "kombu-akadze ignores unknown transport option(s) %s; valid options: %s",
-                ", ".join(unknown),
-                ", ".join(sorted(known)),
-            )
+            warn_unknown(unknown, known)
         values = {name: raw[name] for name in known if name in raw}
         opts = cls(**{name: _coerce(name, value) for name, value in values.items()})
         opts.validate()

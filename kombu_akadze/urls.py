@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import ssl as _ssl
 from dataclasses import dataclass
@@ -49,13 +50,41 @@ def to_dsn(hostname: str) -> str:
     if hostname.startswith("akadze+"):
         hostname = hostname[len("akadze+") :]
     if hostname.startswith(_NATIVE):
-        return "postgresql://" + hostname[len(_NATIVE) :]
+        return require_database("postgresql://" + hostname[len(_NATIVE) :])
     if hostname.startswith(_PG_SCHEMES) or "=" in hostname:
-        return hostname
+        return require_database(hostname)
     raise ValueError(
         f"not a PostgreSQL URL: {mask_password(hostname)!r}; use 'akadze://user:password@host:5432/dbname' "
         "or 'akadze+postgresql://user:password@host:5432/dbname' (or 'akadze://' for the embedded server)"
     )
+
+
+_KV_PAIR = re.compile(r"(\w+)\s*=\s*('(?:[^'\\]|\\.)*'|\S*)")
+
+
+def database_of(dsn: str) -> str | None:
+    """The database a libpq URL or key=value conninfo names (``dbname``, or a ``service`` that may);
+    None when it names none and libpq would fall back to PGDATABASE or the user's name."""
+    if dsn.startswith(_PG_SCHEMES):
+        split = urlsplit(dsn)
+        query = dict(parse_qsl(split.query, keep_blank_values=True))
+        named = query.get("dbname") or query.get("service") or unquote(split.path.lstrip("/"))
+    else:
+        pairs = {key: value.strip("'") for key, value in _KV_PAIR.findall(dsn)}
+        named = pairs.get("dbname") or pairs.get("service") or ""
+    return named or None
+
+
+def require_database(dsn: str) -> str:
+    """*dsn*, if it names a database (or PGDATABASE does). Without one, libpq would connect to the
+    database named after the user and the migrations would create the schema there, unnoticed."""
+    if database_of(dsn) is None and not os.environ.get("PGDATABASE"):
+        raise ValueError(
+            f"the URL {mask_password(dsn)!r} names no database: libpq would use the database named after "
+            "the user, and kombu-akadze would create its tables there. Name the database after the last "
+            "'/': 'akadze+postgresql://user:password@host:5432/dbname' (key=value form: dbname=...; or set PGDATABASE)"
+        )
+    return dsn
 
 
 @dataclass(frozen=True)
@@ -217,7 +246,7 @@ def dsn_for(client: Any) -> str | None:
     elif is_embedded(hostname) and not (client.userid or client.port or database):
         return None
     else:
-        dsn = dsn_of_parts(Parts(hostname, client.port, client.userid, _password(client), database))
+        dsn = require_database(dsn_of_parts(Parts(hostname, client.port, client.userid, _password(client), database)))
     return with_options(dsn, libpq_ssl(client.ssl))
 
 

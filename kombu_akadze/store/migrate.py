@@ -51,7 +51,7 @@ def status(dsn: str, schema: str, *, connect_timeout: float = 10.0) -> Status:
         with connect(dsn, role="migrate", connect_timeout=connect_timeout) as conn:
             current = _current(conn, schema)
     except psycopg.Error as exc:
-        raise translate(exc, "migrate status", schema) from exc
+        raise translate(exc, f"migrate status of {mask_password(dsn)}", schema, dsn=dsn) from exc
     known = sqlfiles.migrations()
     return Status(schema, current, len(known), tuple(m for m in known if m.version > current))
 
@@ -94,7 +94,7 @@ def apply(dsn: str, schema: str, *, connect_timeout: float = 10.0) -> list[Migra
                         schema,
                     )
     except psycopg.Error as exc:
-        raise translate(exc, f"migrating schema {schema!r}", schema) from exc
+        raise translate(exc, f"migrating schema {schema!r} at {mask_password(dsn)}", schema, dsn=dsn) from exc
     return applied
 
 
@@ -137,4 +137,4 @@ def drop(dsn: str, schema: str, *, connect_timeout: float = 10.0) -> None:
         with connect(dsn, role="migrate", connect_timeout=connect_timeout) as conn:
             conn.execute(_sql("schema_drop", schema))
     except psycopg.Error as exc:
-        raise translate(exc, f"dropping schema {schema!r}", schema) from exc
+        raise translate(exc, f"dropping schema {schema!r}", schema, dsn=dsn) from exc

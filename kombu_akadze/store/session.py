@@ -19,8 +19,12 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from kombu_akadze.errors import DatabaseError, SchemaNotAppliedError, TransientDatabaseError
-from kombu_akadze.store import sqlfiles
+from kombu_akadze.errors import (
+    DatabaseError,
+    SchemaNotAppliedError,
+    TransientDatabaseError,
+)
+from kombu_akadze.store import refusals, sqlfiles
 from kombu_akadze.urls import mask_password
 
 if TYPE_CHECKING:
@@ -66,10 +70,12 @@ if hasattr(os, "register_at_fork"):
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Whether a psycopg error is one a reconnect or retry can outlive."""
+    """Whether a psycopg error is one a reconnect or retry can outlive (a refused login is not)."""
     if isinstance(exc, psycopg.InterfaceError):
         return True
     if not isinstance(exc, psycopg.Error):
+        return False
+    if refusals.refusal(str(exc), exc.sqlstate) is not None:
         return False
     state = exc.sqlstate
     if state is None:
@@ -77,11 +83,17 @@ def is_transient(exc: BaseException) -> bool:
     return state in _TRANSIENT_SQLSTATES or state.startswith(_TRANSIENT_SQLSTATE_PREFIXES)
 
 
-def translate(exc: psycopg.Error, what: str, schema: str) -> DatabaseError:
-    """The kombu-akadze error for a psycopg error; callers ``raise translate(...) from exc``."""
+def translate(exc: psycopg.Error, what: str, schema: str, *, dsn: str | None = None) -> DatabaseError:
+    """The kombu-akadze error for a psycopg error; callers ``raise translate(...) from exc``. *dsn*: the
+    one a failed connection attempt used (a refusal of a DSN that worked before is retried)."""
     detail = mask_password(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+    refused = refusals.error_for(str(exc), exc.sqlstate, what, dsn=dsn)
+    if refused is not None:
+        return refused
     if is_transient(exc):
-        return TransientDatabaseError(f"{what}: transient database error, will retry: {detail}")
+        # kombu and Celery retry it where a retry policy applies (a worker's connection, a publish
+        # with retry=True); the words "will retry" would be untrue for a caller that has none.
+        return TransientDatabaseError(f"{what}: transient database error, retryable: {detail}")
     if isinstance(exc, pg_errors.UndefinedTable | pg_errors.InvalidSchemaName):
         return SchemaNotAppliedError(
             f"{what}: the kombu-akadze schema {schema!r} is not there ({detail}); "
@@ -154,6 +166,7 @@ def connect_probed(
     except BaseException:
         conn.close()
         raise
+    refusals.accepted(dsn)
     pooled = bool(row and row[0])
     if not prepared_statements or pooled:
         conn.prepare_threshold = None
@@ -252,7 +265,7 @@ class Session:
                         statement_timeout=self.statement_timeout,
                     )
                 except psycopg.Error as exc:
-                    raise translate(exc, f"connecting to {mask_password(self.dsn)}", self.schema) from exc
+                    raise translate(exc, f"connecting to {mask_password(self.dsn)}", self.schema, dsn=self.dsn) from exc
             return self._conn
 
     @property

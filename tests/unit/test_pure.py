@@ -13,7 +13,7 @@ from kombu_akadze.lease import compact
 from kombu_akadze.options import Options
 from kombu_akadze.store import TableSize, sqlfiles
 from kombu_akadze.transport.qos import make_tag, parse_tag
-from kombu_akadze.urls import is_embedded, mask_password, to_dsn
+from kombu_akadze.urls import database_of, is_embedded, mask_password, to_dsn
 
 
 @pytest.mark.parametrize(
@@ -92,6 +92,50 @@ def test_unknown_options_are_warned_about_not_fatal(caplog: pytest.LogCaptureFix
     Options.from_transport_options({"visibility_timeout": 10, "heartbeat_intervall": 3})
     assert "heartbeat_intervall" in caplog.text
     assert "visibility_timeout" not in caplog.text
+
+
+def test_a_misspelled_option_is_warned_about_once_with_the_closest_name(caplog: pytest.LogCaptureFixture) -> None:
+    for _ in range(3):  # a Celery worker builds a transport per connection
+        Options.from_transport_options({"rescue_intervl": 3, "zz_no_such_option": 1})
+    misspelled = [r.getMessage() for r in caplog.records if "'rescue_intervl'" in r.getMessage()]
+    assert len(misspelled) == 1
+    assert "did you mean 'rescue_interval'?" in misspelled[0]
+    far = [r.getMessage() for r in caplog.records if "'zz_no_such_option'" in r.getMessage()]
+    assert len(far) == 1
+    assert "did you mean" not in far[0]
+    assert "valid options: auto_migrate," in far[0]
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["akadze://u:s3cret@h:5432", "akadze://u@h:5432/", "postgresql://u@h?sslmode=require", "host=h user=u"],
+)
+def test_a_url_without_a_database_is_refused_with_the_valid_form(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PGDATABASE", raising=False)
+    with pytest.raises(ValueError, match="names no database") as refused:
+        to_dsn(url)
+    assert "'akadze+postgresql://user:password@host:5432/dbname'" in str(refused.value)
+    assert "s3cret" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "database"),
+    [
+        ("akadze://u@h:5432/proj", "proj"),
+        ("postgresql://u@a:5432,b:5432/proj?target_session_attrs=read-write", "proj"),
+        ("postgresql://u@h?dbname=proj", "proj"),
+        ("postgresql:///proj?host=/var/run/postgresql", "proj"),
+        ("host=h dbname='proj'", "proj"),
+        ("service=broker", "broker"),
+    ],
+)
+def test_every_way_of_naming_the_database_counts(url: str, database: str) -> None:
+    assert database_of(to_dsn(url)) == database
+
+
+def test_pgdatabase_names_the_database_of_a_url_without_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PGDATABASE", "proj")
+    assert to_dsn("postgresql://u@h") == "postgresql://u@h"
 
 
 def test_delivery_tags_round_trip_and_reject_garbage() -> None:
