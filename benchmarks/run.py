@@ -1,4 +1,4 @@
-"""Benchmark kombu-akadze against RabbitMQ, RabbitMQ with confirms, Redis and kombu's sqla in one interleaved run.
+"""Benchmark kombu-akadze against RabbitMQ (with and without confirms), Redis, kombu's sqla and pgmq in one run.
 
     .venv/bin/pip install -e '.[bench]'
     .venv/bin/python benchmarks/run.py [--only a,b,c,d,e] [--repeat N] [--quick] [--out docs/benchmarks]
@@ -35,7 +35,13 @@ ROOT = HERE.parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-NEEDED = {"redis": "redis", "sqlalchemy": "sqlalchemy", "psycopg2": "psycopg2-binary", "matplotlib": "matplotlib"}
+NEEDED = {
+    "redis": "redis",
+    "sqlalchemy": "sqlalchemy",
+    "psycopg2": "psycopg2-binary",
+    "matplotlib": "matplotlib",
+    "pgmq": "kombu[pgmq]",
+}
 WORKLOADS = "abcde"
 
 
@@ -66,7 +72,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=None, help="repeats per broker; medians (default 3, 1 with --quick)")
     p.add_argument("--quick", action="store_true", help="small sizes for a smoke run (~2 minutes)")
     p.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"), help="where results.{json,md,png} go")
-    p.add_argument("--brokers", default="akadze,rabbitmq,rabbitmq_confirm,redis,sqla", help="brokers to compare")
+    p.add_argument("--brokers", default="akadze,rabbitmq,rabbitmq_confirm,redis,sqla,pgmq", help="brokers to compare")
     p.add_argument("--pg-url", default=os.environ.get("BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/test"))
     p.add_argument("--amqp-url", default=os.environ.get("BENCH_AMQP_URL", "pyamqp://guest:guest@127.0.0.1:5672//"))
     p.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
