@@ -12,7 +12,7 @@ import click
 
 from kombu_akadze.errors import AkadzeError
 from kombu_akadze.lease import compact
-from kombu_akadze.ops import deadletters, metrics, rabbitmq, stats
+from kombu_akadze.ops import deadletters, metrics, progress, rabbitmq, stats
 from kombu_akadze.ops.cli.common import (
     CommandError,
     db_options,
@@ -217,7 +217,7 @@ def move_cmd(
     names = [q.strip() for q in queues.split(",") if q.strip()]
     if not names:
         raise click.UsageError("--queues needs at least one name, e.g. --queues celery,emails")
-    reporter = rabbitmq.ProgressPrinter(sys.stderr)
+    reporter = progress.MoveProgress(sys.stderr)
     with open_store(url, schema, auto_migrate=not no_migrate) as store:
         try:
             result = rabbitmq.move(source, store, names, progress=reporter, **options)
