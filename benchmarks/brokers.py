@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +17,7 @@ from kombu_akadze.store import migrate
 logger = logging.getLogger("bench")
 
 REFERENCE = "rabbitmq"
-ALL = ("akadze", "rabbitmq", "rabbitmq_confirm", "redis", "sqla")
+ALL = ("akadze", "rabbitmq", "rabbitmq_confirm", "redis", "sqla", "pgmq")
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class Broker:
     url: str
     transport_options: dict[str, Any]
     schema: str | None = None
+    #: A scratch database of its own (pgmq: PGMQ's schema is always named pgmq, one per database).
+    database: str | None = None
     names: set[str] = field(default_factory=set)
 
     def connection(self) -> kombu.Connection:
@@ -59,6 +62,7 @@ class Broker:
 def make(names: list[str], run_id: str, ends: Endpoints) -> list[Broker]:
     """The brokers to compare, each isolated to this run (schema, key prefix, queue names)."""
     pg_host = ends.pg.split("://", 1)[1]
+    pgmq_db = f"akadze_bench_{run_id}_pgmq"
     made = {
         "akadze": Broker(
             "akadze", "akadze", f"akadze+{ends.pg}", {"schema": f"bench_{run_id}"}, schema=f"bench_{run_id}"
@@ -74,6 +78,17 @@ def make(names: list[str], run_id: str, ends: Endpoints) -> list[Broker]:
             {"connect_args": {"options": f"-c search_path=bench_{run_id}_sqla"}},
             schema=f"bench_{run_id}_sqla",
         ),
+        # kombu's own PostgreSQL transport (kombu 5.7) with its defaults: visibility_timeout 1800 s,
+        # long poll wait_time_seconds 10 reading every poll_interval_ms 100, use_notify off. The
+        # extension's binaries are not on the server: prepare() runs the plain-SQL install script
+        # the pgmq wheel ships, so the transport must not CREATE EXTENSION (init_extension off).
+        "pgmq": Broker(
+            "pgmq",
+            "pgmq",
+            urllib.parse.urlunsplit(urllib.parse.urlsplit(ends.pg)._replace(scheme="pgmq", path=f"/{pgmq_db}")),
+            {"init_extension": False},
+            database=pgmq_db,
+        ),
     }
     return [made[n] for n in names]
 
@@ -86,6 +101,22 @@ def prepare(brokers: list[Broker], ends: Endpoints) -> None:
         elif broker.kind == "sqla" and broker.schema:
             with Pg(ends.pg) as pg:
                 pg.run("schema_create", schema=broker.schema)
+        elif broker.kind == "pgmq" and broker.database:
+            prepare_pgmq(broker.database, ends)
+
+
+def prepare_pgmq(database: str, ends: Endpoints) -> None:
+    """A scratch database with PGMQ installed from the SQL script the pgmq wheel ships (no extension
+    binaries needed), plus the send_topic overload kombu's transport calls (see queries.sql)."""
+    from pgmq.install import install_pgmq_from_sql
+
+    with Pg(ends.pg) as pg:
+        pg.run("database_create", database=database)
+    dsn = urllib.parse.urlunsplit(urllib.parse.urlsplit(ends.pg)._replace(path=f"/{database}"))
+    version = install_pgmq_from_sql(dsn=dsn)
+    logger.info("PGMQ %s installed from SQL in %s", version, database)
+    with Pg(dsn) as pg:
+        pg.run("pgmq_send_topic_with_headers")
 
 
 def cleanup(brokers: list[Broker], ends: Endpoints, run_id: str) -> list[str]:
@@ -116,6 +147,9 @@ def _cleanup_one(broker: Broker, ends: Endpoints) -> None:
         dispose_sqla_engines()
         with Pg(ends.pg) as pg:
             pg.run("schema_drop", schema=broker.schema)
+    elif broker.kind == "pgmq" and broker.database:
+        with Pg(ends.pg) as pg:
+            pg.run("database_drop", database=broker.database)
     elif broker.kind == "amqp":
         with broker.connection() as conn:
             for name in sorted(broker.names):

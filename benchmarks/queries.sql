@@ -133,3 +133,14 @@ SELECT pg_notify(%(channel)s, ins.queue) FROM ins;
 -- name: table_truncate
 -- Empty a table this run owns between publish rounds, so every round starts on the same empty table.
 TRUNCATE {schema}.{table};
+
+-- name: pgmq_send_topic_with_headers
+-- kombu's pgmq transport publishes to fanout and topic exchanges with
+-- send_topic(routing_key =>, msg =>, headers =>) (every kombu message has
+-- headers); the plain-SQL install script of the pgmq wheel (PGMQ 1.13.0)
+-- defines send_topic with headers only together with delay, which has no
+-- default there, so that call finds no function. This overload forwards to the
+-- four-argument one with no delay.
+CREATE OR REPLACE FUNCTION pgmq.send_topic(routing_key text, msg jsonb, headers jsonb)
+RETURNS integer LANGUAGE sql VOLATILE
+AS $$ SELECT pgmq.send_topic(routing_key, msg, headers, 0) $$;

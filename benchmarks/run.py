@@ -1,4 +1,4 @@
-"""Benchmark kombu-akadze against RabbitMQ, RabbitMQ with confirms, Redis and kombu's sqla in one interleaved run.
+"""Benchmark kombu-akadze against RabbitMQ (with and without confirms), Redis, kombu's sqla and pgmq in one run.
 
     .venv/bin/pip install -e '.[bench]'
     .venv/bin/python benchmarks/run.py [--only a,b,c,d,e] [--repeat N] [--quick] [--out docs/benchmarks]
@@ -35,7 +35,13 @@ ROOT = HERE.parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-NEEDED = {"redis": "redis", "sqlalchemy": "sqlalchemy", "psycopg2": "psycopg2-binary", "matplotlib": "matplotlib"}
+NEEDED = {
+    "redis": "redis",
+    "sqlalchemy": "sqlalchemy",
+    "psycopg2": "psycopg2-binary",
+    "matplotlib": "matplotlib",
+    "pgmq": "kombu[pgmq]",
+}
 WORKLOADS = "abcde"
 
 
@@ -66,7 +72,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=None, help="repeats per broker; medians (default 3, 1 with --quick)")
     p.add_argument("--quick", action="store_true", help="small sizes for a smoke run (~2 minutes)")
     p.add_argument("--out", default=str(ROOT / "docs" / "benchmarks"), help="where results.{json,md,png} go")
-    p.add_argument("--brokers", default="akadze,rabbitmq,rabbitmq_confirm,redis,sqla", help="brokers to compare")
+    p.add_argument("--brokers", default="akadze,rabbitmq,rabbitmq_confirm,redis,sqla,pgmq", help="brokers to compare")
     p.add_argument("--pg-url", default=os.environ.get("BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/test"))
     p.add_argument("--amqp-url", default=os.environ.get("BENCH_AMQP_URL", "pyamqp://guest:guest@127.0.0.1:5672//"))
     p.add_argument("--redis-url", default=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"))
@@ -199,31 +205,33 @@ class Bench:
         name = f"akadze_bench_{self.run_id}"
         scratch = brokers.Endpoints(pg=with_database(self.ends.pg, name), amqp=self.ends.amqp, redis=self.ends.redis)
         candidates = [b.name for b in self.brokers if b.kind in ("akadze", "sqla")]
-        if not candidates:
-            return
-        with Pg(self.ends.pg) as pg:
-            pg.run("database_create", database=name)
-        scratch_brokers = brokers.make(candidates, self.run_id, scratch)
-        try:
-            brokers.prepare(scratch_brokers, scratch)
-            self._idle(scratch_brokers, scratch)
-        finally:
-            brokers.dispose_sqla_engines()
+        # pgmq already runs in a database of its own that nothing else uses: measured there.
+        alone = [(b, with_database(self.ends.pg, b.database)) for b in self.brokers if b.kind == "pgmq" and b.database]
+        if candidates:
             with Pg(self.ends.pg) as pg:
-                pg.run("database_drop", database=name)
+                pg.run("database_create", database=name)
+            scratch_brokers = brokers.make(candidates, self.run_id, scratch)
+            try:
+                brokers.prepare(scratch_brokers, scratch)
+                self._idle([(b, scratch.pg) for b in scratch_brokers])
+            finally:
+                brokers.dispose_sqla_engines()
+                with Pg(self.ends.pg) as pg:
+                    pg.run("database_drop", database=name)
+        self._idle(alone)
 
-    def _idle(self, scratch_brokers: list[Any], scratch: Any) -> None:
+    def _idle(self, measured: list[tuple[Any, str]]) -> None:
         import idle
 
-        for broker in scratch_brokers:
+        for broker, dsn in measured:
             s = self.sizes
             self.log(f"d  {broker.name}: {s.idle_baseline:.0f} s baseline, {s.idle_seconds:.0f} s idle worker")
             out = self.guarded(
                 "d",
                 broker.name,
                 0,
-                lambda b=broker: idle.run(
-                    b, run_id=self.run_id, pg_dsn=scratch.pg, seconds=self.sizes.idle_seconds,
+                lambda b=broker, dsn=dsn: idle.run(
+                    b, run_id=self.run_id, pg_dsn=dsn, seconds=self.sizes.idle_seconds,
                     baseline_seconds=self.sizes.idle_baseline, redis_url=self.ends.redis, logdir=self.logdir,
                     log=self.log,
                 ),

@@ -26,12 +26,12 @@ STOP_TIMEOUT = 30.0
 #: real "akadze" schema in the same database; and a short poll, because with the prefork pool the
 #: consumer sees a slot freed by an ack only at its next poll (acks do not wake it up).
 DEMO_TRANSPORT_OPTIONS = {"schema": "akadze_demo_broker"}
-BAR = 40
 
 sys.path.insert(0, str(ROOT))  # `python examples/demo.py` puts examples/ first, not the project root
 
 # Importing the package registers the akadze+ alias: the demo process is not a `celery` command.
 from kombu_akadze import embedded  # noqa: E402
+from kombu_akadze.ops.progress import Bar  # noqa: E402
 from kombu_akadze.store import Store  # noqa: E402
 
 if TYPE_CHECKING:
@@ -83,11 +83,9 @@ def stop_worker(worker: subprocess.Popen[bytes]) -> int:
     return worker.wait()
 
 
-def show(done: int, started: float) -> None:
-    filled = BAR * done // TASKS
+def show(bar: Bar, done: int, started: float) -> None:
     rate = done / max(time.monotonic() - started, 1e-9)
-    sys.stdout.write(f"\r[{'#' * filled}{'.' * (BAR - filled)}] {done:5d}/{TASKS}  {rate:7.1f} tasks/s")
-    sys.stdout.flush()
+    bar.update(done, detail=f"{rate:.1f} tasks/s")
 
 
 @dataclass(frozen=True)
@@ -110,16 +108,17 @@ def run(tasks: ModuleType, table: DemoTable, log: IO[bytes]) -> Run:
             tasks.record.delay(i)
         print(f"enqueued {TASKS} record tasks in {time.monotonic() - started:.2f} s")
         progress = table.progress()
+        bar = Bar(sys.stdout, total=TASKS, label="tasks done", every=1.0)
         while progress.done < TASKS and time.monotonic() - started < DEADLINE:
             if worker.poll() is not None:
                 died = True
                 break
-            show(progress.done, started)
+            show(bar, progress.done, started)
             time.sleep(0.1)
             progress = table.progress()
         elapsed = time.monotonic() - started
-        show(progress.done, started)
-        print()
+        show(bar, progress.done, started)
+        bar.close()
     finally:
         code = stop_worker(worker)
     return Run(progress.done, progress.duplicated, elapsed, died, code)

@@ -6,7 +6,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from amqp import exceptions as amqp_exceptions
 from kombu.connection import Connection
@@ -79,32 +79,6 @@ class MoveResult:
             "seconds": round(self.seconds, 3),
             "rate": round(self.rate, 1),
         }
-
-
-class ProgressPrinter:
-    """A progress callback: moved/expected and rate, at most twice a second; one rewritten line on a terminal."""
-
-    def __init__(self, stream: TextIO, *, every: float = 0.5) -> None:
-        self.stream = stream
-        self.every = every
-        self.tty = stream.isatty()
-        self.last = 0.0
-        self.shown = False
-
-    def __call__(self, p: Progress) -> None:
-        now = time.monotonic()
-        if now - self.last < self.every:
-            return
-        self.last = now
-        line = f"moved {p.moved}/{p.expected} in {p.seconds:.1f} s, {p.rate:.0f} msgs/s"
-        self.stream.write(f"\r{line}" if self.tty else f"{line}\n")
-        self.stream.flush()
-        self.shown = True
-
-    def done(self) -> None:
-        if self.tty and self.shown:
-            self.stream.write("\n")
-            self.stream.flush()
 
 
 def to_new_message(queue: str, message: Any) -> NewMessage:

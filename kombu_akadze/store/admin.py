@@ -18,6 +18,7 @@ from kombu_akadze.store.records import (
     DeadLetter,
     DeadLetterFilter,
     DeadLetterSummary,
+    FleetStats,
     NewMessage,
     QueueStats,
     ReplayResult,
@@ -232,11 +233,17 @@ class AdminQueries(Session):
                 dead=int(r["dead"]),
                 oldest_ready_age_seconds=r["oldest_ready_age_seconds"],
                 consumers_alive=int(r["consumers_alive"]),
+                retried=int(r["retried"]),
             )
             for r in rows
             if r["queue"] is not None
         )
         return StatsSnapshot(rows[0]["taken_at"], int(rows[0]["consumers_alive"]), queues)
+
+    def fleet_stats(self, *, ttl: float, now: datetime | None = None) -> FleetStats:
+        """PostgreSQL's insert/delete counts of messages and dead_letters, and the maintenance leader."""
+        row = self._run("fleet_stats", {"schema": self.schema, "ttl": float(ttl), "now": now})[0]
+        return FleetStats(**row)
 
     def deadletter_find(
         self, *, where: DeadLetterFilter, limit: int | None = 100, now: datetime | None = None

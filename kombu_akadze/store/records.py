@@ -159,6 +159,9 @@ class QueueStats:
     oldest_ready_age_seconds: float | None
     #: Live consumers of the whole schema (the consumers table does not record queues).
     consumers_alive: int
+    #: Messages running or waiting again after a run that ended without an outcome (a rescued
+    #: lease, a requeue): attempts > 0.
+    retried: int = 0
 
 
 @dataclass(frozen=True)
@@ -166,6 +169,22 @@ class StatsSnapshot:
     taken_at: datetime
     consumers_alive: int
     queues: tuple[QueueStats, ...]
+
+
+@dataclass(frozen=True)
+class FleetStats:
+    """Counters PostgreSQL keeps anyway (cumulative since its last statistics reset) and the leader."""
+
+    #: Rows inserted into messages: published, replayed from dead letters.
+    messages_inserted: int
+    #: Rows deleted from messages: acked, dead-lettered, expired, purged, capped.
+    messages_deleted: int
+    #: Rows inserted into dead_letters.
+    dead_lettered: int
+    #: The consumer that runs the fleet's maintenance passes (None: no live consumer).
+    leader_id: str | None
+    leader_hostname: str | None
+    leader_pid: int | None
 
 
 @dataclass(frozen=True)

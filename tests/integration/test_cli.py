@@ -15,6 +15,7 @@ from typing import Any
 import click
 import pytest
 from click.testing import CliRunner, Result
+from prometheus_client.parser import text_string_to_metric_families
 
 from kombu_akadze.integrations.testing import eventually
 from kombu_akadze.ops.cli.main import akadze
@@ -216,8 +217,14 @@ def test_metrics_command_serves_prometheus_text(pg_url: str, schema: str, store:
 
     try:
         body = eventually(scrape, timeout=30, what="akadze metrics answers")
-        assert 'akadze_queue_messages{queue="q",state="ready"} 1' in body
-        assert "akadze_consumers_alive 0" in body
+        found = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(body)
+            for s in f.samples
+        }
+        assert found[("akadze_queue_messages", (("queue", "q"), ("state", "ready")))] == 1
+        assert found[("akadze_consumers_alive", ())] == 0
+        assert found[("akadze_up", ())] == 1
     finally:
         proc.terminate()
         proc.wait(10)

@@ -1,9 +1,8 @@
-"""Queue stats, dead letters (find, show, replay, purge, prune) and the metrics text against real PostgreSQL."""
+"""Queue stats and dead letters (find, show, replay, purge, prune) against real PostgreSQL."""
 
 from __future__ import annotations
 
 import threading
-import urllib.request
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
@@ -11,7 +10,7 @@ import pytest
 
 from kombu_akadze.errors import ConfigurationError
 from kombu_akadze.integrations.testing import eventually
-from kombu_akadze.ops import deadletters, metrics, stats
+from kombu_akadze.ops import deadletters, stats
 from kombu_akadze.store import NewMessage, Store
 
 OWNER = "consumer-a"
@@ -206,35 +205,3 @@ def test_prune_deletes_dead_letters_older_than_the_retention(store: Store) -> No
     assert deadletters.prune(store, days=14, now=later_than_publish(15 * 86400)) == 3
     with pytest.raises(ConfigurationError, match="days must be > 0"):
         deadletters.prune(store, days=0)
-
-
-def test_metrics_render_every_family_with_escaped_labels(store: Store) -> None:
-    store.message_insert_many([NewMessage(queue='we"ird\\q', body=b"x") for _ in range(2)])
-    bury(store, "dead-q", 1)
-    register(store, "live")
-    text = metrics.render(store)
-    assert 'akadze_queue_messages{queue="we\\"ird\\\\q",state="ready"} 2' in text
-    assert 'akadze_queue_messages{queue="dead-q",state="held"} 0' in text
-    assert 'akadze_dead_letters{queue="dead-q"} 1' in text
-    assert "akadze_consumers_alive 2" in text  # "live" and the one that buried
-    assert 'akadze_queue_oldest_ready_seconds{queue="dead-q"} 0.000' in text
-    assert "# TYPE akadze_queue_messages gauge" in text
-    for line in text.splitlines():
-        assert line.startswith(("#", "akadze_")), line
-
-
-def test_metrics_server_answers_over_loopback(store: Store) -> None:
-    store.message_insert(NewMessage(queue="q", body=b"x"))
-    server = metrics.make_server(store, port=0)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        port = server.server_address[1]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-            body = resp.read().decode()
-            assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-        assert 'akadze_queue_messages{queue="q",state="ready"} 1' in body
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import fields
 from pathlib import Path
 
@@ -38,3 +39,16 @@ def test_the_removal_invariant_names_every_exit_rabbitmq_has() -> None:
         assert "by a rule" in flat, name
         assert "message TTL" in flat, name
         assert "never leaves except by its own fenced outcome" in flat, name
+
+
+def test_the_comparison_page_names_only_tests_that_exist() -> None:
+    """Each akadze cell of docs/comparison.md rests on a named test: a renamed or removed test fails here."""
+    text = (ROOT / "docs" / "comparison.md").read_text()
+    named = set(re.findall(r"`(test_[^`\s]+)`", text))
+    defined = {
+        m
+        for path in (ROOT / "tests").rglob("test_*.py")
+        for m in re.findall(r"^def (test_[a-z0-9_]+)", path.read_text(), re.M)
+    }
+    assert len(named) >= 8
+    assert sorted(named - defined) == []

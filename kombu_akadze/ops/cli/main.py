@@ -12,7 +12,7 @@ import click
 
 from kombu_akadze.errors import AkadzeError
 from kombu_akadze.lease import compact
-from kombu_akadze.ops import deadletters, metrics, rabbitmq, stats
+from kombu_akadze.ops import deadletters, metrics, progress, rabbitmq, stats
 from kombu_akadze.ops.cli.common import (
     CommandError,
     db_options,
@@ -217,7 +217,7 @@ def move_cmd(
     names = [q.strip() for q in queues.split(",") if q.strip()]
     if not names:
         raise click.UsageError("--queues needs at least one name, e.g. --queues celery,emails")
-    reporter = rabbitmq.ProgressPrinter(sys.stderr)
+    reporter = progress.MoveProgress(sys.stderr)
     with open_store(url, schema, auto_migrate=not no_migrate) as store:
         try:
             result = rabbitmq.move(source, store, names, progress=reporter, **options)
@@ -237,22 +237,26 @@ def move_cmd(
 @url_option
 @schema_option
 @ttl_option
-@click.option("--port", type=click.IntRange(0, 65535), default=9808, show_default=True, help="TCP port (0: any).")
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=metrics.DEFAULT_PORT, show_default=True, help="TCP port (0: any)."
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @friendly
 def metrics_cmd(*, url: str | None, schema: str, consumer_ttl: float, port: int, host: str) -> None:
     """Serve Prometheus metrics at http://HOST:PORT/metrics until Ctrl-C."""
     with open_store(url, schema) as store:
         try:
-            server = metrics.make_server(store, host=host, port=port, ttl=consumer_ttl)
+            server, thread = metrics.start_server(store, host=host, port=port, ttl=consumer_ttl)
         except OSError as exc:
             raise CommandError(f"cannot listen on {host}:{port}: {exc}; pick another --port") from exc
         click.echo(f"serving http://{host}:{server.server_address[1]}/metrics", err=True)
         try:
-            server.serve_forever()
+            while thread.is_alive():
+                thread.join(1.0)
         except KeyboardInterrupt:
             pass
         finally:
+            server.shutdown()
             server.server_close()
 
 

@@ -10,7 +10,9 @@ LIMIT %(limit)s;
 
 -- name: queue_stats
 -- Per queue (declared, with messages, or with dead letters): ready now, held,
--- delayed, dead letters, seconds the oldest ready message has been claimable;
+-- delayed, dead letters, seconds the oldest ready message has been claimable,
+-- messages running or waiting again after a run that ended without an outcome
+-- (attempts > 0: a rescued lease, a requeue);
 -- and consumers whose heartbeat is within %(ttl)s seconds, schema-wide.
 -- "Ready" matches the claim: expired rows that queue_expire has not swept yet
 -- are not counted.
@@ -21,6 +23,7 @@ WITH clock AS (
            count(*) FILTER (WHERE m.state IN ('ready', 'delayed') AND m.available_at <= clock.now
                               AND (m.expires_at IS NULL OR m.expires_at > clock.now)) AS ready,
            count(*) FILTER (WHERE m.state = 'held') AS held,
+           count(*) FILTER (WHERE m.attempts > 0) AS retried,
            count(*) FILTER (WHERE m.state IN ('ready', 'delayed') AND m.available_at > clock.now) AS delayed,
            min(m.available_at) FILTER (WHERE m.state IN ('ready', 'delayed') AND m.available_at <= clock.now
                                          AND (m.expires_at IS NULL OR m.expires_at > clock.now)) AS oldest_ready_at
@@ -43,6 +46,7 @@ SELECT names.queue,
        COALESCE(msg.held, 0) AS held,
        COALESCE(msg.delayed, 0) AS delayed,
        COALESCE(dead.dead, 0) AS dead,
+       COALESCE(msg.retried, 0) AS retried,
        extract(epoch FROM clock.now - msg.oldest_ready_at)::float8 AS oldest_ready_age_seconds,
        alive.consumers_alive,
        clock.now AS taken_at
@@ -51,6 +55,34 @@ LEFT JOIN names ON true
 LEFT JOIN msg ON msg.queue = names.queue
 LEFT JOIN dead ON dead.queue = names.queue
 ORDER BY names.queue;
+
+-- name: fleet_stats
+-- The fleet's figures that cost nothing per message, for the metrics: rows
+-- inserted into and deleted from messages, and inserted into dead_letters, as
+-- PostgreSQL's own table statistics count them (cumulative since the server's
+-- last statistics reset; a backend reports its counts at the end of a
+-- transaction, at most about a second late when busy); and the maintenance
+-- leader: the oldest consumer whose heartbeat is within %(ttl)s seconds, the
+-- rule of consumer_heartbeat. %(schema)s is the schema's name (not quoted).
+WITH clock AS (
+    SELECT COALESCE(%(now)s::timestamptz, now()) AS now
+), tables AS (
+    SELECT s.relname, s.n_tup_ins, s.n_tup_del
+    FROM pg_stat_user_tables AS s
+    WHERE s.schemaname = %(schema)s AND s.relname IN ('messages', 'dead_letters')
+), leader AS (
+    SELECT c.id, c.hostname, c.pid
+    FROM {schema}.consumers AS c CROSS JOIN clock
+    WHERE c.heartbeat_at > clock.now - make_interval(secs => %(ttl)s)
+    ORDER BY c.started_at, c.id
+    LIMIT 1
+)
+SELECT COALESCE((SELECT t.n_tup_ins FROM tables AS t WHERE t.relname = 'messages'), 0) AS messages_inserted,
+       COALESCE((SELECT t.n_tup_del FROM tables AS t WHERE t.relname = 'messages'), 0) AS messages_deleted,
+       COALESCE((SELECT t.n_tup_ins FROM tables AS t WHERE t.relname = 'dead_letters'), 0) AS dead_lettered,
+       (SELECT leader.id FROM leader) AS leader_id,
+       (SELECT leader.hostname FROM leader) AS leader_hostname,
+       (SELECT leader.pid FROM leader) AS leader_pid;
 
 -- name: deadletter_find
 -- Dead letters matching the filters, newest first, without bodies. Filters
