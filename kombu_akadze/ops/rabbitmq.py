@@ -82,10 +82,12 @@ class MoveResult:
 
 
 class ProgressPrinter:
-    """A progress callback: moved/expected and rate, at most twice a second; one rewritten line on a terminal."""
+    """A progress callback: moved/expected and rate, at most twice a second; one rewritten line on a terminal.
+    A dry run moves nothing, so its lines say "counted"."""
 
-    def __init__(self, stream: TextIO, *, every: float = 0.5) -> None:
+    def __init__(self, stream: TextIO, *, every: float = 0.5, dry_run: bool = False) -> None:
         self.stream = stream
+        self.verb = "counted" if dry_run else "moved"
         self.every = every
         self.tty = stream.isatty()
         self.last = 0.0
@@ -96,7 +98,7 @@ class ProgressPrinter:
         if now - self.last < self.every:
             return
         self.last = now
-        line = f"moved {p.moved}/{p.expected} in {p.seconds:.1f} s, {p.rate:.0f} msgs/s"
+        line = f"{self.verb} {p.moved}/{p.expected} in {p.seconds:.1f} s, {p.rate:.0f} msgs/s"
         self.stream.write(f"\r{line}" if self.tty else f"{line}\n")
         self.stream.flush()
         self.shown = True

@@ -65,6 +65,32 @@ def test_migrate_commands_still_work(cli: Any) -> None:
     assert cli("migrate").exit_code == 0
 
 
+def test_migrate_subcommands_take_url_schema_and_json_after_the_subcommand_as_the_quickstart_writes_them(
+    pg_url: str, schema: str
+) -> None:
+    runner = CliRunner()
+    status = runner.invoke(akadze, ["migrate", "status", "--url", pg_url, "--schema", schema], env={})
+    assert status.exit_code == 0, status.output
+    assert f"schema {schema!r}: version" in status.output
+    assert "up to date" in status.output
+
+    applied = runner.invoke(akadze, ["migrate", "--url", pg_url, "--schema", schema], env={})
+    assert applied.exit_code == 0, applied.output
+    as_json = runner.invoke(akadze, ["migrate", "--json", "status", "--url", pg_url, "--schema", schema], env={})
+    assert as_json.exit_code == 0, as_json.output
+    assert json.loads(as_json.output)["pending"] == []
+    # given after the subcommand, an option wins over the group's (and over the environment)
+    other = runner.invoke(
+        akadze, ["migrate", "--schema", "not_this_one", "status", "--schema", schema], env={"AKADZE_URL": pg_url}
+    )
+    assert other.exit_code == 0, other.output
+    assert "up to date" in other.output
+
+    sql = runner.invoke(akadze, ["migrate", "sql", "--schema", "elsewhere"], env={})
+    assert sql.exit_code == 0, sql.output
+    assert 'CREATE SCHEMA IF NOT EXISTS "elsewhere";' in sql.output
+
+
 def test_stats_shows_a_table_and_json(cli: Any, store: Store) -> None:
     store.message_insert_many([NewMessage(queue="work", body=b"x") for _ in range(4)])
     store.message_insert(NewMessage(queue="work", body=b"later", delay=3600))

@@ -66,11 +66,27 @@ def migrate_cmd(ctx: click.Context, url: str | None, schema: str, as_json: bool)
 migrate_cmd.name = "migrate"
 
 
+def sub_options(func: F) -> F:
+    """--url, --schema and --json after a migrate subcommand too (``akadze migrate status --url ...``);
+    given there, they win over the same options given before it."""
+    func = click.option("--url", default=None, help="PostgreSQL URL (env AKADZE_URL); akadze+ prefix accepted.")(func)
+    func = click.option("--schema", default=None, help="Schema of the tables (env AKADZE_SCHEMA, default akadze).")(
+        func
+    )
+    return click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(func)
+
+
+def merged(ctx: click.Context, **given: Any) -> dict[str, Any]:
+    """The subcommand's options where given (a flag only when set), else the group's."""
+    return {name: value if value else ctx.obj[name] for name, value in given.items()}
+
+
 @migrate_cmd.command("status")
+@sub_options
 @click.pass_context
-def migrate_status(ctx: click.Context) -> None:
+def migrate_status(ctx: click.Context, url: str | None, schema: str | None, as_json: bool) -> None:
     """Show the schema version and pending migrations; exit 1 when any are pending."""
-    o = ctx.obj
+    o = merged(ctx, url=url, schema=schema, as_json=as_json)
     st = migrate.status(dsn_of(o["url"]), o["schema"])
     pending = [f"{m.version:04d}_{m.name}" for m in st.pending]
     emit(
@@ -84,10 +100,11 @@ def migrate_status(ctx: click.Context) -> None:
 
 
 @migrate_cmd.command("sql")
+@click.option("--schema", default=None, help="Schema of the tables (env AKADZE_SCHEMA, default akadze).")
 @click.pass_context
-def migrate_sql(ctx: click.Context) -> None:
+def migrate_sql(ctx: click.Context, schema: str | None) -> None:
     """Print every migration as SQL, without connecting."""
-    click.echo(migrate.plan_sql(ctx.obj["schema"]), nl=False)
+    click.echo(migrate.plan_sql(merged(ctx, schema=schema)["schema"]), nl=False)
 
 
 # -- operations ---------------------------------------------------------------
@@ -217,7 +234,7 @@ def move_cmd(
     names = [q.strip() for q in queues.split(",") if q.strip()]
     if not names:
         raise click.UsageError("--queues needs at least one name, e.g. --queues celery,emails")
-    reporter = rabbitmq.ProgressPrinter(sys.stderr)
+    reporter = rabbitmq.ProgressPrinter(sys.stderr, dry_run=options["dry_run"])
     with open_store(url, schema, auto_migrate=not no_migrate) as store:
         try:
             result = rabbitmq.move(source, store, names, progress=reporter, **options)
