@@ -18,6 +18,7 @@ from kombu_akadze.ops.cli.common import (
     db_options,
     dsn_of,
     emit,
+    for_humans,
     friendly,
     json_option,
     open_store,
@@ -123,9 +124,22 @@ def migrate_sql(ctx: click.Context, schema: str | None) -> None:
     help="Refresh every SECONDS (default 2) until Ctrl-C; with --json, one JSON document per line.",
 )
 @click.option("--count", type=click.IntRange(min=1), default=None, help="With --watch: stop after N refreshes.")
+@click.option(
+    "--all",
+    "show_all",
+    is_flag=True,
+    help="Also list Celery's own queues (remote control *.pidbox, celeryev.*, rpc:// result queues).",
+)
 @friendly
 def stats_cmd(
-    *, url: str | None, schema: str, as_json: bool, consumer_ttl: float, watch: float | None, count: int | None
+    *,
+    url: str | None,
+    schema: str,
+    as_json: bool,
+    consumer_ttl: float,
+    watch: float | None,
+    count: int | None,
+    show_all: bool,
 ) -> None:
     """Per queue: ready, held, delayed, dead letters, age of the oldest ready message; live consumers."""
     if count is not None and watch is None:
@@ -134,16 +148,16 @@ def stats_cmd(
         shown = 0
         try:
             while True:
-                snap = stats.snapshot(store, ttl=consumer_ttl)
+                snap, hidden = stats.user_view(stats.snapshot(store, ttl=consumer_ttl), show_all=show_all)
                 if watch is None:
-                    emit(stats.as_dict(snap), as_json, stats.as_text(snap, consumer_ttl))
+                    emit(stats.as_dict(snap, hidden), as_json, stats.as_text(snap, consumer_ttl, hidden))
                     return
                 if as_json:  # one JSON document per line while watching
-                    click.echo(json.dumps(stats.as_dict(snap), default=str))
+                    click.echo(json.dumps(stats.as_dict(snap, hidden), default=str))
                 else:
                     if sys.stdout.isatty():
                         click.clear()
-                    click.echo(stats.as_text(snap, consumer_ttl) + "\n")
+                    click.echo(stats.as_text(snap, consumer_ttl, hidden) + "\n")
                 shown += 1
                 if count is not None and shown >= count:
                     return
@@ -277,5 +291,5 @@ def main() -> None:
     try:
         akadze.main(standalone_mode=True)
     except AkadzeError as exc:
-        click.echo(f"akadze: {exc}", err=True)
+        click.echo(f"akadze: {for_humans(exc)}", err=True)
         sys.exit(2)
