@@ -7,7 +7,9 @@ import logging
 import os
 import socket
 import threading
+import weakref
 from collections.abc import Callable
+from multiprocessing import util as mp_util
 
 from kombu_akadze.consume.listener import Listener
 from kombu_akadze.consume.wakeups import Waker
@@ -19,6 +21,15 @@ from kombu_akadze.options import Options
 from kombu_akadze.store import Store, wake_channel
 
 logger = logging.getLogger("kombu_akadze")
+
+#: Leases with a running heartbeat, for the exit hook below.
+_BEATING: weakref.WeakSet[ConsumerLease] = weakref.WeakSet()
+
+
+def _forget_at_exit() -> None:
+    """At interpreter exit, forget the consumers this process never closed (see ConsumerLease.exit)."""
+    for lease in list(_BEATING):
+        lease.exit()
 
 
 class ConsumerLease:
@@ -85,6 +96,7 @@ class ConsumerLease:
             heartbeat.on_tick = lambda: self._stop_if_idle(heartbeat)
             heartbeat.start()
             self.heartbeat = heartbeat
+            _BEATING.add(self)
             if self.listener is None:
                 self.listener = Listener(
                     self._new_store("listen"), channel=self.channel, enabled=opts.listen, waker=self._waker
@@ -162,6 +174,33 @@ class ConsumerLease:
         finally:
             heartbeat.stop()
 
+    def exit(self, timeout: float = 2.0) -> None:
+        """At the exit of a process that never closed this connection (a `celery inspect` or `celery
+        call` client, a script that got a result: Celery drops its pool without closing it): the
+        heartbeat stops and the consumer row goes if no message is held under it (checked in the same
+        statement), so `akadze stats` does not count the process alive for heartbeat_ttl. A held message
+        keeps the row and is rescued after heartbeat_ttl, as after a crash. Never in a forked child (the
+        row is its parent's), never while a claim is in flight."""
+        if not self._lock.acquire(timeout=timeout):
+            return
+        try:
+            heartbeat = self.heartbeat
+            if heartbeat is None or heartbeat.pid != os.getpid() or self._claims_in_flight:
+                return
+            self.heartbeat = None
+        finally:
+            self._lock.release()
+        listener, self.listener = self.listener, None
+        if listener is not None:
+            listener.close()
+        heartbeat.stop(timeout)
+        try:  # the heartbeat's session, closed by stop(), opens again for this one statement
+            heartbeat.store.consumer_delete_idle(consumer_id=self.consumer_id)
+        except AkadzeError as exc:
+            logger.info("kombu-akadze: could not remove consumer %s at exit: %s", self.consumer_id, exc)
+        finally:
+            heartbeat.store.close()
+
     def stop(self, store: Store) -> None:
         """At close: the LISTEN session ends, the heartbeat stops and the consumer row goes (on *store*)."""
         with self._lock:  # exactly one of this and _stop_if_idle takes the heartbeat
@@ -175,3 +214,8 @@ class ConsumerLease:
                 store.consumer_delete(consumer_id=self.consumer_id)
             except AkadzeError as exc:
                 logger.warning("kombu-akadze: could not remove consumer %s at close: %s", self.consumer_id, exc)
+
+
+# At exit after kombu's own hook (a multiprocessing finalizer of priority 1, which gives back what the
+# channels still hold), so that what it gave back no longer keeps the row; never in another process.
+mp_util.Finalize(None, _forget_at_exit, exitpriority=0)
