@@ -32,17 +32,13 @@ def alive(store: Store) -> int:
     return stats.snapshot(store, ttl=60).consumers_alive
 
 
-def test_a_client_that_exits_holding_nothing_is_not_counted_alive_after_it_exits(
-    pg_url: str, store: Store
-) -> None:
+def test_a_client_that_exits_holding_nothing_is_not_counted_alive_after_it_exits(pg_url: str, store: Store) -> None:
     run_client(pg_url, store, "ack")
     assert alive(store) == 0
     assert sum(store.message_counts().values()) == 0
 
 
-def test_a_client_that_exits_with_a_message_unsettled_gives_it_back_and_is_forgotten(
-    pg_url: str, store: Store
-) -> None:
+def test_a_client_that_exits_with_a_message_unsettled_gives_it_back_and_is_forgotten(pg_url: str, store: Store) -> None:
     run_client(pg_url, store, "hold")
     assert alive(store) == 0
     [queue] = stats.queue_stats(store, ttl=60)
