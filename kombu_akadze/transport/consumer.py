@@ -193,9 +193,13 @@ class ConsumerLease:
         listener, self.listener = self.listener, None
         if listener is not None:
             listener.close()
-        heartbeat.stop(timeout)
-        try:  # the heartbeat's session, closed by stop(), opens again for this one statement
-            heartbeat.store.consumer_delete_idle(consumer_id=self.consumer_id)
+        # The thread ends first (a beat after the delete would register the row again); its session stays
+        # open for the delete, so that an exit costs no new connection. A heartbeat that has not landed
+        # for heartbeat_ttl means the server is out of reach: the row expires there, the exit does not wait.
+        heartbeat.stop(timeout, close=False)
+        try:
+            if heartbeat.healthy():
+                heartbeat.store.consumer_delete_idle(consumer_id=self.consumer_id)
         except AkadzeError as exc:
             logger.info("kombu-akadze: could not remove consumer %s at exit: %s", self.consumer_id, exc)
         finally:

@@ -2,7 +2,8 @@
 call` or a script that waited for a result does; run by test_exit.py.
 
 argv: URL SCHEMA MODE, MODE one of ack (settle it), hold (leave it unsettled), fork (settle it, then a
-forked child exits first; the parent prints the consumers the child left alive)."""
+forked child exits first; the parent prints the consumers the child left alive), wait (settle it, print
+"ready", exit at the next line on stdin: the caller breaks the server meanwhile)."""
 
 from __future__ import annotations
 
@@ -31,4 +32,7 @@ if mode == "fork":
     store = Store(url, schema=schema, role="test")
     print(store.queue_stats(ttl=60).consumers_alive, flush=True)
     store.close()
+if mode == "wait":
+    print("ready", flush=True)
+    sys.stdin.readline()
 print(conn.transport.consumer_id, flush=True)
