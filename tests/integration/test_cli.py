@@ -278,6 +278,12 @@ def test_celery_akadze_takes_the_url_and_schema_from_the_app(
     assert status.returncode == 0, status.stderr
     assert f"schema {schema!r}" in status.stdout
 
+    with (tmp_path / "proj.py").open("a") as app_module:  # its TLS settings apply too
+        app_module.write("app.conf.broker_use_ssl = {'sslmode': 'no-such-mode'}\n")
+    tls = run_celery(tmp_path, "akadze", "stats")
+    assert tls.returncode == 2
+    assert 'invalid sslmode value: "no-such-mode"' in tls.stderr
+
     (tmp_path / "proj.py").write_text(
         "from celery import Celery\napp = Celery('proj', broker='amqp://guest:s3cret@127.0.0.1:5672//')\n"
     )

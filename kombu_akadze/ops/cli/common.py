@@ -16,7 +16,7 @@ from kombu_akadze import embedded
 from kombu_akadze.errors import AkadzeError
 from kombu_akadze.ops import stats
 from kombu_akadze.store import Store, migrate, sqlfiles
-from kombu_akadze.urls import is_embedded, mask_password, to_dsn
+from kombu_akadze.urls import is_embedded, libpq_ssl, mask_password, to_dsn, with_options
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -48,7 +48,7 @@ _PG_PREFIXES = ("akadze:", "akadze+", "postgres:", "postgresql:", "postgresql+")
 
 def _url_from_app(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """Under ``celery -A proj``, no --url and no AKADZE_URL: the app's broker_url (the first of a failover
-    list), as its workers use it."""
+    list) with its broker_use_ssl, as its workers use them."""
     app = celery_app(ctx)
     if value or app is None:
         return value
@@ -61,7 +61,13 @@ def _url_from_app(ctx: click.Context, param: click.Parameter, value: str | None)
             f"the app's broker_url {mask_password(first)!r} is not PostgreSQL: pass --url "
             "postgresql://user@host:5432/db or set AKADZE_URL"
         )
-    return first
+    ssl = app.conf.broker_use_ssl
+    if not ssl or is_embedded(first.removeprefix("akadze+")):
+        return first
+    try:  # the app's TLS settings (broker_use_ssl) apply as they do for its workers
+        return with_options(to_dsn(first), libpq_ssl(ssl))
+    except ValueError as exc:
+        raise click.UsageError(f"the app's broker_use_ssl: {exc}") from None
 
 
 def _schema_from_app(ctx: click.Context, param: click.Parameter, value: str) -> str:
