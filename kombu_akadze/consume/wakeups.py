@@ -28,7 +28,7 @@ class Waker:
         if self._pending:
             return
         self._pending = True
-        with contextlib.suppress(BlockingIOError):
+        with contextlib.suppress(OSError):  # full (a wake-up is pending anyway), or closed at a stop
             os.write(self._w, b"!")
 
     def drain(self) -> None:

@@ -107,7 +107,9 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name=f"akadze-heartbeat-{self.consumer_id}", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self, timeout: float = 5.0, *, close: bool = True) -> None:
+        """End the thread (waiting for a beat under way); *close*: also its session (False: the caller
+        runs one more statement on it, then closes it)."""
         self._stop.set()
         self.pause.interrupt()
         thread = self._thread
@@ -116,7 +118,8 @@ class Heartbeat:
         self._thread = None
         if self.vacuumer is not None:
             self.vacuumer.close()
-        self.store.close()
+        if close:
+            self.store.close()
 
     def beat(self, *, raise_errors: bool = False) -> bool:
         try:

@@ -75,16 +75,18 @@ class Bar:
 
 
 class MoveProgress:
-    """The progress callback of ``akadze move``: moved/expected, rate and the count per queue."""
+    """The progress callback of ``akadze move``: moved/expected, rate and the count per queue. A dry run
+    moves nothing, so its progress says "counted"."""
 
-    def __init__(self, stream: TextIO, *, every: float = 0.5) -> None:
+    def __init__(self, stream: TextIO, *, every: float = 0.5, dry_run: bool = False) -> None:
         self.stream = stream
         self.every = every
+        self.verb = "counted" if dry_run else "moved"
         self.bar: Bar | None = None
 
     def __call__(self, p: Progress) -> None:
         if self.bar is None:
-            self.bar = Bar(self.stream, total=p.expected, label="moved", every=self.every)
+            self.bar = Bar(self.stream, total=p.expected, label=self.verb, every=self.every)
         per_queue = ", ".join(f"{q}: {n}" for q, n in p.per_queue.items())
         self.bar.update(
             p.moved, total=p.expected, detail=f"{p.rate:.0f} msgs/s" + (f" ({per_queue})" if per_queue else "")

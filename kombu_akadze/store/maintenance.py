@@ -32,6 +32,10 @@ class MaintenanceQueries(Session):
     def consumer_delete(self, *, consumer_id: str) -> None:
         self._run("consumer_delete", {"id": consumer_id}, fetch=False)
 
+    def consumer_delete_idle(self, *, consumer_id: str) -> bool:
+        """Forget the consumer unless a message is held under its id; whether it went."""
+        return bool(self._run("consumer_delete_idle", {"id": consumer_id})[0]["forgotten"])
+
     def lease_rescue(
         self, *, ttl: float, max_attempts: int, consumer_id: str | None = None, now: datetime | None = None
     ) -> Outcome:

@@ -8,7 +8,9 @@ import logging
 import os
 import socket
 import threading
+import weakref
 from collections.abc import Callable
+from multiprocessing import util as mp_util
 
 from kombu_akadze.consume.listener import Listener
 from kombu_akadze.errors import AkadzeError, TransientDatabaseError
@@ -19,6 +21,15 @@ from kombu_akadze.options import Options
 from kombu_akadze.store import Store, wake_channel
 
 logger = logging.getLogger("kombu_akadze")
+
+#: Leases with a running heartbeat, for the exit hook below.
+_BEATING: weakref.WeakSet[ConsumerLease] = weakref.WeakSet()
+
+
+def _forget_at_exit() -> None:
+    """At interpreter exit, forget the consumers this process never closed (see ConsumerLease.exit)."""
+    for lease in list(_BEATING):
+        lease.exit()
 
 
 class ConsumerLease:
@@ -97,6 +108,7 @@ class ConsumerLease:
                 store.close()
                 raise
             self.heartbeat, self.listener = heartbeat, listener
+            _BEATING.add(self)
 
     def park_channel(self) -> str | None:
         """The channel to park with when a claim comes back short: only for a connection that waits on
@@ -173,6 +185,37 @@ class ConsumerLease:
             if listener is not None:
                 listener.close()
 
+    def exit(self, timeout: float = 2.0) -> None:
+        """At the exit of a process that never closed this connection (a `celery inspect` or `celery
+        call` client, a script that got a result: Celery drops its pool without closing it): the
+        heartbeat stops and the consumer row goes if no message is held under it (checked in the same
+        statement), so `akadze stats` does not count the process alive for heartbeat_ttl. A held message
+        keeps the row and is rescued after heartbeat_ttl, as after a crash. Never in a forked child (the
+        row is its parent's), never while a claim is in flight."""
+        if not self._lock.acquire(timeout=timeout):
+            return
+        try:
+            heartbeat = self.heartbeat
+            if heartbeat is None or heartbeat.pid != os.getpid() or self._claims_in_flight:
+                return
+            self.heartbeat = None
+        finally:
+            self._lock.release()
+        listener, self.listener = self.listener, None
+        # The thread ends first (a beat after the delete would register the row again); its session stays
+        # open for the delete, so that an exit costs no new connection. A heartbeat that has not landed
+        # for heartbeat_ttl means the server is out of reach: the row expires there, the exit does not wait.
+        heartbeat.stop(timeout, close=False)
+        if listener is not None:
+            listener.close()
+        try:
+            if heartbeat.healthy():
+                heartbeat.store.consumer_delete_idle(consumer_id=self.consumer_id)
+        except AkadzeError as exc:
+            logger.info("kombu-akadze: could not remove consumer %s at exit: %s", self.consumer_id, exc)
+        finally:
+            heartbeat.store.close()
+
     def stop(self, store: Store) -> None:
         """At close: the heartbeat (and its LISTEN) stops and the consumer row goes (on *store*)."""
         with self._lock:  # exactly one of this and _stop_if_idle takes the heartbeat
@@ -187,3 +230,8 @@ class ConsumerLease:
                 store.consumer_delete(consumer_id=self.consumer_id)
             except AkadzeError as exc:
                 logger.warning("kombu-akadze: could not remove consumer %s at close: %s", self.consumer_id, exc)
+
+
+# At exit after kombu's own hook (a multiprocessing finalizer of priority 1, which gives back what the
+# channels still hold), so that what it gave back no longer keeps the row; never in another process.
+mp_util.Finalize(None, _forget_at_exit, exitpriority=0)

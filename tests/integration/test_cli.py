@@ -66,6 +66,56 @@ def test_migrate_commands_still_work(cli: Any) -> None:
     assert cli("migrate").exit_code == 0
 
 
+def test_stats_groups_celerys_own_queues_and_all_lists_them(cli: Any, store: Store) -> None:
+    internal = [
+        "celery@host-1.celery.pidbox",
+        "4f1c2a3b-aaaa-bbbb-cccc-0123456789ab.reply.celery.pidbox",
+        "celeryev.5d0c9a77-1f7e-4c41-8d7e-6a2b0f3c9e11",
+        "0b6d7c1e-9f2a-3b4c-8d5e-6f7a8b9c0d1e",  # an rpc:// result queue
+    ]
+    for name in ["emails", *internal]:
+        store.message_insert(NewMessage(queue=name, body=b"x"))
+
+    text = cli("stats")
+    assert text.exit_code == 0, text.output
+    assert [line.split()[0] for line in text.output.splitlines()[1:2]] == ["emails"]
+    assert "(and 4 Celery queue(s) of remote control, events or rpc:// results: --all shows them)" in text.output
+    assert not any(name in text.output for name in internal)
+    data = json.loads(cli("stats", "--json").output)
+    assert ([q["queue"] for q in data["queues"]], data["internal_queues_hidden"]) == (["emails"], 4)
+
+    every = cli("stats", "--all")
+    assert every.exit_code == 0, every.output
+    assert all(name in every.output for name in internal)
+    assert "--all shows them" not in every.output
+
+
+def test_migrate_subcommands_take_url_schema_and_json_after_the_subcommand_as_the_quickstart_writes_them(
+    pg_url: str, schema: str
+) -> None:
+    runner = CliRunner()
+    status = runner.invoke(akadze, ["migrate", "status", "--url", pg_url, "--schema", schema], env={})
+    assert status.exit_code == 0, status.output
+    assert f"schema {schema!r}: version" in status.output
+    assert "up to date" in status.output
+
+    applied = runner.invoke(akadze, ["migrate", "--url", pg_url, "--schema", schema], env={})
+    assert applied.exit_code == 0, applied.output
+    as_json = runner.invoke(akadze, ["migrate", "--json", "status", "--url", pg_url, "--schema", schema], env={})
+    assert as_json.exit_code == 0, as_json.output
+    assert json.loads(as_json.output)["pending"] == []
+    # given after the subcommand, an option wins over the group's (and over the environment)
+    other = runner.invoke(
+        akadze, ["migrate", "--schema", "not_this_one", "status", "--schema", schema], env={"AKADZE_URL": pg_url}
+    )
+    assert other.exit_code == 0, other.output
+    assert "up to date" in other.output
+
+    sql = runner.invoke(akadze, ["migrate", "sql", "--schema", "elsewhere"], env={})
+    assert sql.exit_code == 0, sql.output
+    assert 'CREATE SCHEMA IF NOT EXISTS "elsewhere";' in sql.output
+
+
 def test_stats_shows_a_table_and_json(cli: Any, store: Store) -> None:
     store.message_insert_many([NewMessage(queue="work", body=b"x") for _ in range(4)])
     store.message_insert(NewMessage(queue="work", body=b"later", delay=3600))
@@ -187,10 +237,61 @@ def test_errors_are_one_line_exit_2_and_never_show_the_password(cli: Any, pg_url
     no_schema = cli("dead", "list", "--schema", "never_migrated_here")
     assert no_schema.exit_code == 2
     assert "akadze migrate" in no_schema.output
+    for command in (["stats"], ["dead", "list"]):  # no internal statement name ("queue_stats:") first
+        unmigrated = cli(*command, "--schema", "never_migrated_here")
+        assert unmigrated.exit_code == 2
+        assert unmigrated.output.startswith("Error: the kombu-akadze schema 'never_migrated_here' is not there")
 
     bad_duration = cli("dead", "list", "--older-than", "3 weeks")
     assert bad_duration.exit_code == 2
     assert "s, m, h or d" in bad_duration.output
+
+
+def run_celery(app_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`celery -A proj ARGS` in *app_dir*, with neither AKADZE_URL nor AKADZE_SCHEMA set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AKADZE_")}
+    env["PYTHONPATH"] = str(app_dir)
+    return subprocess.run(
+        [str(AKADZE.with_name("celery")), "-A", "proj", *args],
+        cwd=app_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_celery_akadze_takes_the_url_and_schema_from_the_app(
+    tmp_path: Path, pg_url: str, schema: str, store: Store
+) -> None:
+    store.message_insert_many([NewMessage(queue="from_the_app", body=b"x") for _ in range(3)])
+    (tmp_path / "proj.py").write_text(
+        "from celery import Celery\n"
+        f"app = Celery('proj', broker={'akadze+' + pg_url!r})\n"
+        f"app.conf.broker_transport_options = {{'schema': {schema!r}}}\n"
+    )
+
+    stats_run = run_celery(tmp_path, "akadze", "stats", "--json")
+    assert stats_run.returncode == 0, stats_run.stderr
+    assert [(q["queue"], q["ready"]) for q in json.loads(stats_run.stdout)["queues"]] == [("from_the_app", 3)]
+    status = run_celery(tmp_path, "akadze", "migrate", "status")
+    assert status.returncode == 0, status.stderr
+    assert f"schema {schema!r}" in status.stdout
+
+    with (tmp_path / "proj.py").open("a") as app_module:  # its TLS settings apply too
+        app_module.write("app.conf.broker_use_ssl = {'sslmode': 'no-such-mode'}\n")
+    tls = run_celery(tmp_path, "akadze", "stats")
+    assert tls.returncode == 2
+    assert 'invalid sslmode value: "no-such-mode"' in tls.stderr
+
+    (tmp_path / "proj.py").write_text(
+        "from celery import Celery\napp = Celery('proj', broker='amqp://guest:s3cret@127.0.0.1:5672//')\n"
+    )
+    rabbit = run_celery(tmp_path, "akadze", "stats")
+    assert rabbit.returncode == 2
+    assert "the app's broker_url 'amqp://guest:**@127.0.0.1:5672//' is not PostgreSQL: pass --url" in rabbit.stderr
+    assert "s3cret" not in rabbit.stderr
 
 
 def free_port() -> int:

@@ -316,3 +316,22 @@ def test_move_into_a_database_without_the_schema_migrates_it_first_unless_no_mig
     finally:
         migrate.drop(pg_url, fresh)
         migrate.forget_checks()
+
+
+def test_a_dry_run_from_the_cli_says_counted_on_stderr_never_moved(
+    rabbit: kombu.Connection, rabbit_queue: Callable[[], str], store: Store
+) -> None:
+    queue = rabbit_queue()
+    publish(rabbit, queue, range(30))
+
+    result = CliRunner().invoke(
+        akadze,
+        ["move", "--from", AMQP_URL, "--queues", queue, "--dry-run"],
+        env={"AKADZE_URL": store.dsn, "AKADZE_SCHEMA": store.schema},
+    )
+
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"would move 30 message(s) ({queue}: 30)")
+    assert result.stderr.startswith("counted ")
+    assert "moved" not in result.stderr
+    assert rows(store) == 0

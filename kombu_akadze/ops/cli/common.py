@@ -10,12 +10,13 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
 from kombu_akadze import embedded
 from kombu_akadze.errors import AkadzeError
 from kombu_akadze.ops import stats
-from kombu_akadze.store import Store, migrate
-from kombu_akadze.urls import is_embedded, mask_password, to_dsn
+from kombu_akadze.store import Store, migrate, sqlfiles
+from kombu_akadze.urls import is_embedded, libpq_ssl, mask_password, to_dsn, with_options
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -37,11 +38,60 @@ def emit(data: Any, as_json: bool, text: str) -> None:
     click.echo(json.dumps(data, indent=2, default=str) if as_json else text)
 
 
+def celery_app(ctx: click.Context) -> Any:
+    """The Celery app of ``celery -A proj akadze ...`` (celery's context object carries it), else None."""
+    return getattr(ctx.find_root().obj, "app", None)
+
+
+_PG_PREFIXES = ("akadze:", "akadze+", "postgres:", "postgresql:", "postgresql+")
+
+
+def _url_from_app(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Under ``celery -A proj``, no --url and no AKADZE_URL: the app's broker_url (the first of a failover
+    list) with its broker_use_ssl, as its workers use them."""
+    app = celery_app(ctx)
+    if value or app is None:
+        return value
+    broker = app.conf.broker_url
+    if not broker:
+        return None
+    first = (broker[0] if isinstance(broker, list | tuple) else str(broker)).split(";")[0].strip()
+    if not first.startswith(_PG_PREFIXES):
+        raise click.UsageError(
+            f"the app's broker_url {mask_password(first)!r} is not PostgreSQL: pass --url "
+            "postgresql://user@host:5432/db or set AKADZE_URL"
+        )
+    ssl = app.conf.broker_use_ssl
+    if not ssl or is_embedded(first.removeprefix("akadze+")):
+        return first
+    try:  # the app's TLS settings (broker_use_ssl) apply as they do for its workers
+        return with_options(to_dsn(first), libpq_ssl(ssl))
+    except ValueError as exc:
+        raise click.UsageError(f"the app's broker_use_ssl: {exc}") from None
+
+
+def _schema_from_app(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """Under ``celery -A proj``, no --schema and no AKADZE_SCHEMA: the app's transport option schema."""
+    app = celery_app(ctx)
+    if app is None or param.name is None or ctx.get_parameter_source(param.name) is not ParameterSource.DEFAULT:
+        return value
+    options = app.conf.broker_transport_options or {}
+    return str(options.get("schema") or value)
+
+
 url_option = click.option(
-    "--url", envvar="AKADZE_URL", help="PostgreSQL URL (env AKADZE_URL); akadze+ prefix accepted."
+    "--url",
+    envvar="AKADZE_URL",
+    callback=_url_from_app,
+    help="PostgreSQL URL (env AKADZE_URL; under `celery -A proj`: the app's broker_url); akadze+ prefix accepted.",
 )
 schema_option = click.option(
-    "--schema", envvar="AKADZE_SCHEMA", default="akadze", show_default=True, help="Schema of the tables."
+    "--schema",
+    envvar="AKADZE_SCHEMA",
+    default="akadze",
+    show_default=True,
+    callback=_schema_from_app,
+    help="Schema of the tables (under `celery -A proj`: the app's transport option schema).",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 
@@ -52,6 +102,14 @@ class CommandError(click.ClickException):
     exit_code = 2
 
 
+def for_humans(exc: AkadzeError) -> str:
+    """An error's text for a person at a terminal: passwords masked, without the name of the statement
+    that failed ("queue_stats: ..."), which the store puts first for logs and means nothing here."""
+    text = mask_password(str(exc))
+    name, sep, rest = text.partition(": ")
+    return rest if sep and name in sqlfiles.all_blocks() else text
+
+
 def friendly(func: F) -> F:
     """Turn kombu-akadze errors into CommandError (passwords masked), for every operations command."""
 
@@ -60,7 +118,7 @@ def friendly(func: F) -> F:
         try:
             return func(*args, **kwargs)
         except AkadzeError as exc:
-            raise CommandError(mask_password(str(exc))) from exc
+            raise CommandError(for_humans(exc)) from exc
 
     return wrapper  # type: ignore[return-value]
 

@@ -18,6 +18,7 @@ from kombu_akadze.ops.cli.common import (
     db_options,
     dsn_of,
     emit,
+    for_humans,
     friendly,
     json_option,
     open_store,
@@ -66,11 +67,27 @@ def migrate_cmd(ctx: click.Context, url: str | None, schema: str, as_json: bool)
 migrate_cmd.name = "migrate"
 
 
+def sub_options(func: F) -> F:
+    """--url, --schema and --json after a migrate subcommand too (``akadze migrate status --url ...``);
+    given there, they win over the same options given before it."""
+    func = click.option("--url", default=None, help="PostgreSQL URL (env AKADZE_URL); akadze+ prefix accepted.")(func)
+    func = click.option("--schema", default=None, help="Schema of the tables (env AKADZE_SCHEMA, default akadze).")(
+        func
+    )
+    return click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(func)
+
+
+def merged(ctx: click.Context, **given: Any) -> dict[str, Any]:
+    """The subcommand's options where given (a flag only when set), else the group's."""
+    return {name: value if value else ctx.obj[name] for name, value in given.items()}
+
+
 @migrate_cmd.command("status")
+@sub_options
 @click.pass_context
-def migrate_status(ctx: click.Context) -> None:
+def migrate_status(ctx: click.Context, url: str | None, schema: str | None, as_json: bool) -> None:
     """Show the schema version and pending migrations; exit 1 when any are pending."""
-    o = ctx.obj
+    o = merged(ctx, url=url, schema=schema, as_json=as_json)
     st = migrate.status(dsn_of(o["url"]), o["schema"])
     pending = [f"{m.version:04d}_{m.name}" for m in st.pending]
     emit(
@@ -84,10 +101,11 @@ def migrate_status(ctx: click.Context) -> None:
 
 
 @migrate_cmd.command("sql")
+@click.option("--schema", default=None, help="Schema of the tables (env AKADZE_SCHEMA, default akadze).")
 @click.pass_context
-def migrate_sql(ctx: click.Context) -> None:
+def migrate_sql(ctx: click.Context, schema: str | None) -> None:
     """Print every migration as SQL, without connecting."""
-    click.echo(migrate.plan_sql(ctx.obj["schema"]), nl=False)
+    click.echo(migrate.plan_sql(merged(ctx, schema=schema)["schema"]), nl=False)
 
 
 # -- operations ---------------------------------------------------------------
@@ -106,9 +124,22 @@ def migrate_sql(ctx: click.Context) -> None:
     help="Refresh every SECONDS (default 2) until Ctrl-C; with --json, one JSON document per line.",
 )
 @click.option("--count", type=click.IntRange(min=1), default=None, help="With --watch: stop after N refreshes.")
+@click.option(
+    "--all",
+    "show_all",
+    is_flag=True,
+    help="Also list Celery's own queues (remote control *.pidbox, celeryev.*, rpc:// result queues).",
+)
 @friendly
 def stats_cmd(
-    *, url: str | None, schema: str, as_json: bool, consumer_ttl: float, watch: float | None, count: int | None
+    *,
+    url: str | None,
+    schema: str,
+    as_json: bool,
+    consumer_ttl: float,
+    watch: float | None,
+    count: int | None,
+    show_all: bool,
 ) -> None:
     """Per queue: ready, held, delayed, dead letters, age of the oldest ready message; live consumers."""
     if count is not None and watch is None:
@@ -117,16 +148,16 @@ def stats_cmd(
         shown = 0
         try:
             while True:
-                snap = stats.snapshot(store, ttl=consumer_ttl)
+                snap, hidden = stats.user_view(stats.snapshot(store, ttl=consumer_ttl), show_all=show_all)
                 if watch is None:
-                    emit(stats.as_dict(snap), as_json, stats.as_text(snap, consumer_ttl))
+                    emit(stats.as_dict(snap, hidden), as_json, stats.as_text(snap, consumer_ttl, hidden))
                     return
                 if as_json:  # one JSON document per line while watching
-                    click.echo(json.dumps(stats.as_dict(snap), default=str))
+                    click.echo(json.dumps(stats.as_dict(snap, hidden), default=str))
                 else:
                     if sys.stdout.isatty():
                         click.clear()
-                    click.echo(stats.as_text(snap, consumer_ttl) + "\n")
+                    click.echo(stats.as_text(snap, consumer_ttl, hidden) + "\n")
                 shown += 1
                 if count is not None and shown >= count:
                     return
@@ -217,7 +248,7 @@ def move_cmd(
     names = [q.strip() for q in queues.split(",") if q.strip()]
     if not names:
         raise click.UsageError("--queues needs at least one name, e.g. --queues celery,emails")
-    reporter = progress.MoveProgress(sys.stderr)
+    reporter = progress.MoveProgress(sys.stderr, dry_run=options["dry_run"])
     with open_store(url, schema, auto_migrate=not no_migrate) as store:
         try:
             result = rabbitmq.move(source, store, names, progress=reporter, **options)
@@ -264,5 +295,5 @@ def main() -> None:
     try:
         akadze.main(standalone_mode=True)
     except AkadzeError as exc:
-        click.echo(f"akadze: {exc}", err=True)
+        click.echo(f"akadze: {for_humans(exc)}", err=True)
         sys.exit(2)

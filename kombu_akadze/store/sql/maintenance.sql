@@ -56,6 +56,21 @@ WITH unparked AS (
 )
 DELETE FROM {schema}.consumers WHERE id = %(id)s;
 
+-- name: consumer_delete_idle
+-- Forget a consumer whose process exits without closing its connection (a CLI
+-- client, a script that got its result), only while no message is held under
+-- its id: a held row keeps its consumer, and rescue returns it after the ttl as
+-- after a crash. Returns how many consumer rows went (0 or 1).
+WITH idle AS (
+    SELECT NOT EXISTS (SELECT 1 FROM {schema}.messages AS m
+                       WHERE m.state = 'held' AND m.owner = %(id)s) AS yes
+), unparked AS (
+    DELETE FROM {schema}.waiting AS w USING idle WHERE idle.yes AND w.consumer = %(id)s RETURNING 1
+), gone AS (
+    DELETE FROM {schema}.consumers AS c USING idle WHERE idle.yes AND c.id = %(id)s RETURNING 1
+)
+SELECT count(*) AS forgotten FROM gone;
+
 -- name: lease_rescue
 -- Return the messages of dead consumers (heartbeat older than %(ttl)s seconds)
 -- to ready, spending the attempt, or to dead letters once max_attempts is used
