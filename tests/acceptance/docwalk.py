@@ -31,7 +31,7 @@ from typing import IO
 FENCE = re.compile(r"^```(?P<lang>[a-z]*)[^\n]*\n(?P<body>.*?)^```\s*$", re.M | re.S)
 FILE_HEADER = re.compile(r"^# (?P<path>[\w./-]+\.py)\s*$")
 WORKER = re.compile(r"(^|\s)celery\s.*\sworker(\s|$)")
-PROGRESS = re.compile(r"^(moved|counted) \d+/\d+ in ")
+PROGRESS = re.compile(r"^(moved|counted) \d+/\d+[ ,]")  # ops.progress: one line per interval off a terminal
 
 #: What varies between two runs of the same command: durations, rates, clock times, ages.
 VARIABLE = [
