@@ -7,7 +7,7 @@ import pytest
 from kombu.exceptions import ConnectionError as KombuConnectionError
 
 from kombu_akadze.store import wake_channel
-from kombu_akadze.transport.channel import Channel, _storable_headers
+from kombu_akadze.transport.channel import Channel, _storable_headers, _storable_properties
 
 
 @pytest.mark.parametrize("schema", ["akadze", "é" * 48, "q" * 48, "队列" * 24, "🐘" * 48])
@@ -34,3 +34,12 @@ def test_a_closed_channel_answers_with_a_connection_error_kombu_recovers_from() 
         _ = channel.store
     with pytest.raises(KombuConnectionError, match="closed"):
         channel.basic_publish({"body": b"x"}, exchange="", routing_key="q")
+
+
+def test_publish_properties_are_stored_as_given_unless_a_value_is_not_json() -> None:
+    info = {"exchange": "", "routing_key": "q"}
+    props = {"delivery_mode": 2, "priority": 0, "delivery_info": info, "delivery_tag": 1}
+    assert _storable_properties(props) == {"delivery_mode": 2, "priority": 0, "delivery_info": info}
+    odd = object()  # e.g. Celery's signal object, republished with **kwargs from a before_task_publish handler
+    stored = _storable_properties({"delivery_mode": 2, "correlation_id": odd, "signal": odd})
+    assert stored == {"delivery_mode": 2, "correlation_id": str(odd)}  # an AMQP property as text; the rest left out
