@@ -33,11 +33,11 @@ lint: $(STAMP)
 
 bench: $(STAMP)  ## by hand: ratios against RabbitMQ measured in the same run, then the fleet benchmark
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
-	$(PY) benchmarks/run.py; status=$$?; $(PY) benchmarks/fleet_run.py && exit $$status
+	$(PY) benchmarks/run.py; status=$$?; $(PY) benchmarks/fleet_run.py && $(PY) benchmarks/latency_floor.py && exit $$status
 
-bench-fleet: $(STAMP)  ## only the fleet benchmark (docs/benchmarks/fleet/): idle fleets, trickle, publish rates
+bench-fleet: $(STAMP)  ## only the fleet benchmark (docs/benchmarks/fleet/): idle fleets, trickle, publish rates, PostgreSQL's floors
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
-	$(PY) benchmarks/fleet_run.py
+	$(PY) benchmarks/fleet_run.py && $(PY) benchmarks/latency_floor.py
 
 docs: $(STAMP)  ## the documentation site in site/; any warning (a broken link) fails the build
 	$(VENV)/bin/mkdocs build --strict --site-dir site

@@ -269,6 +269,12 @@ METHOD = [
     "task records its start time minus its send time (same host clock) in Redis. Transactions per task: the "
     "counter's delta from the first send until 12 s after the last task started, over the tasks sent; 'net' takes "
     "off the idle rate over the same span and the sampler's reads. It includes the publishing.",
+    "- Each publish into idle workers also costs the server one transaction per LISTENing worker: PostgreSQL 15 "
+    "signals every LISTENing session of the database at each NOTIFY commit, and each reads the notification "
+    "queue in a transaction of its own (counted here since the heartbeat shares that session and reports its "
+    "statistics). [latency-floor.md](latency-floor.md) measures that cost with bare sessions (`benchmarks/"
+    "latency_floor.py`, run after this by `make bench-fleet`), and PostgreSQL's enqueue -> claimed floor beside "
+    "RabbitMQ's.",
     "- RabbitMQ runs the same fleet and trickle (it sends nothing to PostgreSQL); the brokers alternate which "
     "goes first from one size to the next.",
     "- Headroom: that many akadze workers stay idle while that many akadze publisher processes publish to another "

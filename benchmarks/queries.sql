@@ -144,3 +144,21 @@ TRUNCATE {schema}.{table};
 CREATE OR REPLACE FUNCTION pgmq.send_topic(routing_key text, msg jsonb, headers jsonb)
 RETURNS integer LANGUAGE sql VOLATILE
 AS $$ SELECT pgmq.send_topic(routing_key, msg, headers, 0) $$;
+
+-- name: floor_claim
+-- The latency floor's claim (latency_floor.py): the oldest ready row of a queue, taken as akadze's
+-- claim takes it (SKIP LOCKED, state held, run counted), in one statement.
+UPDATE {schema}.{table} AS m
+SET state = 'held', run_count = m.run_count + 1, owner = 'floor', claimed_at = now()
+WHERE m.id = (
+    SELECT r.id FROM {schema}.{table} AS r
+    WHERE r.queue = %(queue)s AND r.state = 'ready'
+    ORDER BY r.priority DESC, r.id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING m.id;
+
+-- name: floor_listen
+-- The latency floor's consumer waits for wake-ups on one channel.
+LISTEN {channel};
