@@ -97,17 +97,17 @@ class Listener:
         on interrupt(). The session is re-armed first if it was lost, and a lost session seen meanwhile
         is not re-armed before the next wait: the heartbeat's backoff paces reconnects."""
         deadline = time.monotonic() + max(timeout, 0.0)
-        fd = self.arm()
+        self.arm()
         self.drain()  # what the heartbeat's statements read
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            fds = [self._interrupt.fileno()] if self.fd is None or fd is None else [self._interrupt.fileno(), fd]
+            fds = [self._interrupt.fileno(), *([] if self.fd is None else [self.fd])]
             try:
                 ready, _, _ = select.select(fds, [], [], remaining)
             except (OSError, ValueError):  # the session's socket was closed under us
-                self.fd = fd = None
+                self.fd = None
                 continue
             if self._interrupt.fileno() in ready:
                 self._interrupt.drain()

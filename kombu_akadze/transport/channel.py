@@ -256,17 +256,15 @@ def _storable_properties(properties: dict[str, Any]) -> dict[str, Any]:
     Producer.publish; RabbitMQ's client ignores those it does not know. So a value JSON cannot hold
     (Celery's ``signal`` object, republished from a before_task_publish handler with ``**kwargs``)
     never fails the publish: an AMQP property is kept as text, anything else is left out."""
-    out = {key: value for key, value in properties.items() if key != "delivery_tag"}
+    given = {key: value for key, value in properties.items() if key != "delivery_tag"}
     try:  # the usual case, checked in one go; one key at a time only when something is not JSON
-        kombu_json.dumps(out)
+        kombu_json.dumps(given)
     except (TypeError, ValueError):
         pass
     else:
-        return out
-    out = {}
-    for key, value in properties.items():
-        if key == "delivery_tag":
-            continue
+        return given
+    out: dict[str, Any] = {}
+    for key, value in given.items():
         try:
             kombu_json.dumps(value)
         except (TypeError, ValueError):
