@@ -83,6 +83,10 @@ class Options:
     #: transport with urls.listen_dsn): PostgreSQL itself while every other session goes through
     #: PgBouncer. Kept out of repr (it may hold a password).
     listen_url: str = field(default="", repr=False)
+    #: Share one LISTEN session among the consumers of a host (Linux): PostgreSQL spends a
+    #: transaction in every LISTENing session at each NOTIFY, so N consumers each listening
+    #: would cost N per wake-up. Off: every consumer LISTENs on its own heartbeat session.
+    listen_relay: bool = True
     #: Seconds of the safety poll while LISTEN is armed (every write notifies; this only bounds
     #: the delay of a row written without a NOTIFY, e.g. by hand).
     listen_poll_interval: float = 10.0

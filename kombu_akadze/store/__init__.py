@@ -34,6 +34,7 @@ from kombu_akadze.store.session import (
     connect,
     is_transient,
     kombu_json_setup,
+    relay_key,
     translate,
     wake_channel,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "connect",
     "is_transient",
     "kombu_json_setup",
+    "relay_key",
     "translate",
     "wake_channel",
 ]

@@ -32,7 +32,7 @@ from kombu_akadze.urls import mask_password
 class AdminQueries(Session):
     #: The connection listen_start ran LISTEN on, and the wake-ups read on it and not yet returned.
     _listening_on: psycopg.Connection[Any] | None = None
-    _woken: list[str]
+    _woken: list[tuple[str, str]]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -196,10 +196,27 @@ class AdminQueries(Session):
         return conn is not None and conn is self._conn and self.connected
 
     def _keep_notify(self, note: psycopg.Notify) -> None:
-        self._woken.append(note.payload)
+        self._woken.append((note.channel, note.payload))
+
+    def listen_stop(self, *, channel: str) -> None:
+        """UNLISTEN one channel on this session (a consumer of the host's relay went)."""
+        query = sqlfiles.render("listen_stop", channel=channel)
+        with self._lock:
+            conn = self._conn
+            if conn is None or not self.listening:
+                raise TransientDatabaseError("listen_stop: the LISTEN session is not open")
+            try:
+                conn.execute(query)
+            except psycopg.Error as exc:
+                self._drop()
+                raise translate(exc, "listen_stop", self.schema) from exc
 
     def listen_notifies(self) -> list[str]:
-        """Read what arrived on the socket without blocking; the payloads (queue names) of wake-ups, with
+        """The payloads (queue names) of listen_received's wake-ups."""
+        return [payload for _channel, payload in self.listen_received()]
+
+    def listen_received(self) -> list[tuple[str, str]]:
+        """Read what arrived on the socket without blocking; (channel, payload) of each wake-up, with
         those read while other statements ran on this session."""
         with self._lock:
             conn = self._conn
@@ -215,9 +232,11 @@ class AdminQueries(Session):
                 self._drop()
                 raise TransientDatabaseError("listen_notifies: the LISTEN session was lost")
             while (note := pgconn.notifies()) is not None:
-                self._woken.append(note.extra.decode("utf-8", "replace"))
-            payloads, self._woken = self._woken, []
-            return payloads
+                self._woken.append(
+                    (note.relname.decode("utf-8", "replace"), note.extra.decode("utf-8", "replace"))
+                )
+            received, self._woken = self._woken, []
+            return received
 
     # -- operations --
 

@@ -212,6 +212,16 @@ def wake_channel(schema: str, consumer_id: str) -> str:
     return f"akadze.{digest}"
 
 
+def relay_key(dsn: str, schema: str) -> str:
+    """What the consumers sharing one host's wake-up relay have in common (consume.relay): the server
+    their LISTEN session reaches, its database, and the schema. Credentials play no part."""
+    params = conninfo_to_dict(dsn)
+    host = params.get("hostaddr") or params.get("host") or os.environ.get("PGHOST", "")
+    port = params.get("port") or os.environ.get("PGPORT", "5432")
+    dbname = params.get("dbname") or os.environ.get("PGDATABASE", "")
+    return f"{host}\0{port}\0{dbname}\0{schema}"
+
+
 class Session:
     """One database session (autocommit): connecting, reconnecting, running a named query. Thread-safe."""
 

@@ -18,7 +18,7 @@ from kombu_akadze.lease.compact import Compactor
 from kombu_akadze.lease.heartbeat import Heartbeat
 from kombu_akadze.lease.vacuum import Vacuumer
 from kombu_akadze.options import Options
-from kombu_akadze.store import Store, wake_channel
+from kombu_akadze.store import Store, relay_key, wake_channel
 
 logger = logging.getLogger("kombu_akadze")
 
@@ -82,7 +82,13 @@ class ConsumerLease:
             # One session for the heartbeat and LISTEN: listen_url's server when set (a pooler in front
             # of the command session cannot carry LISTEN).
             store = self._new_store("heartbeat")
-            listener = Listener(store, channel=self.channel, enabled=opts.listen, on_wakeup=self._on_wakeup)
+            listener = Listener(
+                store,
+                channel=self.channel,
+                enabled=opts.listen,
+                on_wakeup=self._on_wakeup,
+                relay_key=relay_key(store.dsn, opts.schema) if opts.listen_relay else None,
+            )
             heartbeat = Heartbeat(
                 store=store,
                 consumer_id=self.consumer_id,

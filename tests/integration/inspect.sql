@@ -127,3 +127,7 @@ VALUES (%(queue)s, %(body)s, 'application/json', 'utf-8',
 -- name: backends_alive
 -- How many of these backend pids are live sessions on the server.
 SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%(pids)s);
+
+-- name: listening_channels
+-- The channels this session LISTENs on.
+SELECT c FROM pg_listening_channels() AS c ORDER BY c;

@@ -119,3 +119,7 @@ ORDER BY b.exchange, b.routing_key, b.queue;
 -- Subscribe this session to the wake-ups of one consumer (its own channel: see wake).
 LISTEN {channel};
 
+-- name: listen_stop
+-- No more wake-ups of that channel on this session (a consumer of the host's relay went).
+UNLISTEN {channel};
+

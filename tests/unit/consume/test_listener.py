@@ -13,12 +13,14 @@ from kombu_akadze.errors import TransientDatabaseError
 
 
 class Session:
-    """listen_start opens a new 'connection' (a socket pair); the test writes wake-ups into its far end."""
+    """listen_start opens a new 'connection' (a socket pair) or adds a channel to it; the test writes
+    wake-ups into its far end: "queue" for the first channel, "channel=queue" for another."""
 
     def __init__(self) -> None:
         self.near: socket.socket | None = None
         self.far: socket.socket | None = None
         self.starts = 0
+        self.channels: list[str] = []
         self.read_elsewhere: list[str] = []  # wake-ups another statement on the session read first
 
     @property
@@ -26,13 +28,20 @@ class Session:
         return self.near is not None
 
     def listen_start(self, *, channel: str) -> int:
-        self.starts += 1
-        self.near, self.far = socket.socketpair()
+        if self.near is None:
+            self.starts += 1
+            self.channels = []
+            self.near, self.far = socket.socketpair()
+        if channel not in self.channels:
+            self.channels.append(channel)
         return self.near.fileno()
 
-    def listen_notifies(self) -> list[str]:
+    def listen_stop(self, *, channel: str) -> None:
+        self.channels.remove(channel)
+
+    def listen_received(self) -> list[tuple[str, str]]:
         if self.near is None:
-            raise TransientDatabaseError("listen_notifies: the LISTEN session is not open")
+            raise TransientDatabaseError("listen_received: the LISTEN session is not open")
         self.near.setblocking(False)
         try:
             data = self.near.recv(4096)
@@ -40,10 +49,14 @@ class Session:
             data = b"-"
         if not data:  # the server ended the session
             self.lose()
-            raise TransientDatabaseError("listen_notifies: the LISTEN session was lost")
+            raise TransientDatabaseError("listen_received: the LISTEN session was lost")
         names = [n for n in data.decode().split(",") if n and n != "-"] + self.read_elsewhere
         self.read_elsewhere = []
-        return names
+        return [tuple(n.split("=", 1)) if "=" in n else (self.channels[0], n) for n in names]  # type: ignore[misc]
+
+    def notify(self, channel: str, queue: str = "q") -> None:
+        assert self.far is not None
+        self.far.send(f"{channel}={queue},".encode())
 
     def lose(self) -> None:
         for end in (self.near, self.far):
