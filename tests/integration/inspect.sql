@@ -127,3 +127,17 @@ VALUES (%(queue)s, %(body)s, 'application/json', 'utf-8',
 -- name: backends_alive
 -- How many of these backend pids are live sessions on the server.
 SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%(pids)s);
+
+-- name: previous_ack_claim
+-- message_ack_claim as the release before migration 0011 sent it (ack, then claim_park): workers of that
+-- release keep running against the migrated schema during a rolling upgrade.
+WITH acked AS (
+    SELECT a.id FROM {schema}.ack(%(ack_ids)s::bigint[], %(ack_run_counts)s::integer[], %(owner)s::text) AS a(id)
+), claimed AS (
+    SELECT c.id, c.queue, c.body, c.run_count
+    FROM {schema}.claim_park(%(queues)s::text[], %(limits)s::integer[], %(owner)s::text, NULL, %(park)s::text) AS c
+)
+SELECT claimed.id, claimed.queue, claimed.body, claimed.run_count, CASE WHEN claimed.id IS NULL THEN 'retry' ELSE 'claimed' END AS kind
+FROM claimed
+UNION ALL
+SELECT acked.id, NULL, NULL, NULL, 'acked' FROM acked;
