@@ -105,7 +105,7 @@ class MessageQueries(Session):
         park: str | None = None,
     ) -> AckClaim:
         """Write finished runs and claim the next messages in one statement; with *park* (the consumer's
-        wake-up channel) it also parks on the queues the claim came back short for (claim_park)."""
+        wake-up channel) it also parks on the queues the claim came back short for (function ack_claim)."""
         params = ack_claim_params(acks, queues, limits, owner, now, durable=self.durable_acks, park=park)
         rows = self._run("message_ack_claim", params)
         return ack_claim_outcome(rows)

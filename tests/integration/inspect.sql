@@ -131,3 +131,17 @@ SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%(pids)s);
 -- name: listening_channels
 -- The channels this session LISTENs on.
 SELECT c FROM pg_listening_channels() AS c ORDER BY c;
+
+-- name: previous_ack_claim
+-- message_ack_claim as the release before migration 0011 sent it (ack, then claim_park): workers of that
+-- release keep running against the migrated schema during a rolling upgrade.
+WITH acked AS (
+    SELECT a.id FROM {schema}.ack(%(ack_ids)s::bigint[], %(ack_run_counts)s::integer[], %(owner)s::text) AS a(id)
+), claimed AS (
+    SELECT c.id, c.queue, c.body, c.run_count
+    FROM {schema}.claim_park(%(queues)s::text[], %(limits)s::integer[], %(owner)s::text, NULL, %(park)s::text) AS c
+)
+SELECT claimed.id, claimed.queue, claimed.body, claimed.run_count, CASE WHEN claimed.id IS NULL THEN 'retry' ELSE 'claimed' END AS kind
+FROM claimed
+UNION ALL
+SELECT acked.id, NULL, NULL, NULL, 'acked' FROM acked;

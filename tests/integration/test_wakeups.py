@@ -180,3 +180,31 @@ def test_a_consuming_connection_holds_two_sessions_the_command_and_the_heartbeat
     pids = [s.connection().info.backend_pid for s in mine]
     assert store.connection().execute(SQL["backends_alive"], {"pids": pids}).fetchone() == (2,)
     simple.close()
+
+
+def test_an_ack_claim_over_several_queues_claims_where_there_is_work_and_parks_on_the_rest(store: Store) -> None:
+    channel = wake_channel(store.schema, "c")
+    store.message_insert_many([NewMessage(queue="full", body=b"a"), NewMessage(queue="full", body=b"b")])
+    first = store.message_ack_claim(acks=[], queues=["full", "empty"], limits=[1, 1], owner="c", park=channel)
+    assert ([m.body for m in first.claimed], first.acked, first.retry) == ([b"a"], set(), frozenset())
+    assert waiting(store) == [("empty", "c")]
+    # One queue, one message short of the limit: the ack lands, the message comes, the queue is parked on.
+    second = store.message_ack_claim(acks=[first.claimed[0].tag], queues=["full"], limits=[2], owner="c", park=channel)
+    assert ([m.body for m in second.claimed], second.acked) == ([b"b"], {first.claimed[0].id})
+    assert waiting(store) == [("empty", "c"), ("full", "c")]
+
+
+def test_the_previous_releases_ack_and_claim_still_work_on_the_migrated_schema(store: Store) -> None:
+    """Rolling upgrade: workers that still send ack(...) + claim_park(...) (before migration 0011) ack, claim
+    and park as before, beside workers that call ack_claim."""
+    channel = wake_channel(store.schema, "old")
+    query = SQL["previous_ack_claim"].replace("{schema}", sqlfiles.quote_ident(store.schema))
+    store.message_insert(NewMessage(queue="q", body=b"one"))
+    conn = store.connection()
+    params: dict[str, Any] = {"ack_ids": [], "ack_run_counts": [], "owner": "old", "queues": ["q"], "limits": [1]}
+    claimed = conn.execute(query, {**params, "park": channel}).fetchall()
+    assert [(bytes(r[2]), r[3], r[4]) for r in claimed] == [(b"one", 1, "claimed")]
+    tag = {"ack_ids": [claimed[0][0]], "ack_run_counts": [claimed[0][3]]}
+    done = conn.execute(query, {**params, **tag, "park": channel}).fetchall()
+    assert [(r[0], r[4]) for r in done] == [(claimed[0][0], "acked")]
+    assert waiting(store) == [("q", "old")]

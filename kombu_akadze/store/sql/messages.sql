@@ -146,29 +146,22 @@ FROM {schema}.claim(%(queues)s::text[], %(limits)s::integer[], %(owner)s::text, 
 -- The hot path in one round trip: delete the runs this consumer finished
 -- (fenced on (id, run_count, owner), as message_ack) and claim the next messages (as
 -- message_claim); given a park channel (the consumer's wake-up channel) it parks on the
--- queues the claim came back short for (function claim_park, migration 0008). Rows
--- come back by kind: 'claimed' messages, 'acked' ids, and 'retry' queues that could
--- not be parked on (claim again at once). Unless %(durable)s, it commits without
--- waiting for the WAL flush (or a synchronous standby): a server crash may undo the
--- last fraction of a second of acks and claims, so those messages run again; none
--- is lost (see durable_acks). The one-time filters make the set_config run before
--- either branch, rows or not.
+-- queues the claim came back short for (function ack_claim, migration 0011; the parking
+-- protocol of claim_park, migration 0008). Rows come back by kind: 'claimed' messages,
+-- 'acked' ids, and 'retry' queues that could not be parked on (claim again at once).
+-- Unless %(durable)s, it commits without waiting for the WAL flush (or a synchronous
+-- standby): a server crash may undo the last fraction of a second of acks and claims, so
+-- those messages run again; none is lost (see durable_acks). The one-time filter makes the
+-- set_config run before the function, rows or not.
 WITH relaxed AS (
     SELECT set_config('synchronous_commit',
                       CASE WHEN %(durable)s::boolean THEN current_setting('synchronous_commit') ELSE 'off' END,
                       true) AS sc
-), acked AS (
-    SELECT a.id FROM {schema}.ack(%(ack_ids)s::bigint[], %(ack_run_counts)s::integer[], %(owner)s::text) AS a(id)
-), claimed AS (
-    SELECT c.id, c.queue, c.priority, c.body, c.content_type, c.content_encoding,
-           c.headers, c.properties, c.run_count, c.attempts
-    FROM {schema}.claim_park(%(queues)s::text[], %(limits)s::integer[], %(owner)s::text, %(now)s::timestamptz,
-                             %(park)s::text) AS c
 )
-SELECT claimed.*, CASE WHEN claimed.id IS NULL THEN 'retry' ELSE 'claimed' END AS kind FROM claimed
-WHERE (SELECT sc FROM relaxed) IS NOT NULL
-UNION ALL
-SELECT acked.id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 'acked' FROM acked
+SELECT r.id, r.queue, r.priority, r.body, r.content_type, r.content_encoding,
+       r.headers, r.properties, r.run_count, r.attempts, r.kind
+FROM {schema}.ack_claim(%(ack_ids)s::bigint[], %(ack_run_counts)s::integer[], %(owner)s::text,
+                        %(queues)s::text[], %(limits)s::integer[], %(now)s::timestamptz, %(park)s::text) AS r
 WHERE (SELECT sc FROM relaxed) IS NOT NULL;
 
 -- name: message_ack
