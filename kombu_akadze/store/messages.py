@@ -29,8 +29,8 @@ class MessageQueries(Session):
 
     def message_insert(self, message: NewMessage, *, now: datetime | None = None) -> int | None:
         """The new row's id; None when the queue is full and rejects publishes (x-overflow)."""
-        rows = self._run("message_insert", {**self._message_params(message), "queue": message.queue, "now": now})
-        return int(rows[0]["id"]) if rows else None
+        rows = self._run_tuples("message_insert", {**self._message_params(message), "queue": message.queue, "now": now})
+        return int(rows[0][0]) if rows else None
 
     def message_route(
         self, message: NewMessage, *, exchange: str, routing_key: str, now: datetime | None = None

@@ -16,7 +16,7 @@ import psycopg
 from kombu.utils import json as kombu_json
 from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import Jsonb
 
 from kombu_akadze.errors import (
@@ -358,12 +358,22 @@ class Session:
     def _run(
         self, name: str, params: dict[str, Any] | None = None, *, fetch: bool = True, prepare: bool | None = None
     ) -> list[dict[str, Any]]:
+        return self._execute(name, params, dict_row, fetch=fetch, prepare=prepare)
+
+    def _run_tuples(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """As _run, rows as tuples: the publish path, where naming the columns of every row cost ~10 us
+        of a publish's ~110 us of client CPU."""
+        return self._execute(name, params, tuple_row, fetch=True, prepare=None)
+
+    def _execute(
+        self, name: str, params: dict[str, Any] | None, rows: Any, *, fetch: bool, prepare: bool | None
+    ) -> list[Any]:
         query = sqlfiles.render(name, schema=self.schema)
         with self._lock:
             self._settle()
             conn = self.connection()
             try:
-                with conn.cursor(row_factory=dict_row) as cur:
+                with conn.cursor(row_factory=rows) as cur:
                     cur.execute(query, params or {}, prepare=prepare)
                     return cur.fetchall() if fetch and cur.description else []
             except psycopg.Error as exc:

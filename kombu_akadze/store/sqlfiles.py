@@ -59,8 +59,10 @@ def parse_blocks(text: str, filename: str = "<sql>") -> dict[str, str]:
     return found
 
 
+@cache
 def render(name: str, **identifiers: str) -> str:
-    """Block *name* (of whichever file under store/sql/ holds it) with each ``{identifier}`` quoted."""
+    """Block *name* (of whichever file under store/sql/ holds it) with each ``{identifier}`` quoted; kept
+    per (name, identifiers), as every statement renders its block again (a publish: ~4 us of ~120)."""
     text = all_blocks()[name]
     for key, value in identifiers.items():
         text = text.replace("{" + key + "}", quote_ident(value))

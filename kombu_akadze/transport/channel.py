@@ -100,6 +100,11 @@ class Channel(ExchangeMixin, virtual.Channel):
         else:  # the default exchange: the routing key names the queue
             self._put(routing_key, message)
 
+    def _next_delivery_tag(self) -> str:
+        """kombu tags every publish with a fresh uuid4; akadze never stores it (a delivery's tag is made
+        from its row, see delivery.make_tag, and _storable_properties drops this one), so no uuid."""
+        return ""
+
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
         if self.store.message_insert(self._new_message(queue, message)) is None:
             raise QueueFullError(
@@ -257,7 +262,9 @@ def _storable_properties(properties: dict[str, Any]) -> dict[str, Any]:
     (Celery's ``signal`` object, republished from a before_task_publish handler with ``**kwargs``)
     never fails the publish: an AMQP property is kept as text, anything else is left out."""
     given = {key: value for key, value in properties.items() if key != "delivery_tag"}
-    try:  # the usual case, checked in one go; one key at a time only when something is not JSON
+    if _plain_json(given, 0):  # the usual case: nothing to encode twice (psycopg encodes it as it sends)
+        return given
+    try:  # then checked in one go; one key at a time only when something is not JSON
         kombu_json.dumps(given)
     except (TypeError, ValueError):
         pass
@@ -276,6 +283,25 @@ def _storable_properties(properties: dict[str, Any]) -> dict[str, Any]:
             continue
         out[key] = value
     return out
+
+
+#: Values JSON holds as they are; exact types, so a subclass with its own encoding takes the full check.
+_PLAIN_SCALARS = frozenset([str, int, float, bool, type(None)])
+
+
+def _plain_json(value: Any, depth: int) -> bool:
+    """Whether *value* is made only of str-keyed dicts, lists and plain scalars (so any JSON encoder takes
+    it), without encoding it; False (the full check decides) for anything else, or nested past 8 levels."""
+    kind = type(value)
+    if kind in _PLAIN_SCALARS:
+        return True
+    if depth > 8:
+        return False
+    if kind is dict:
+        return all(type(k) is str and _plain_json(v, depth + 1) for k, v in value.items())
+    if kind is list:
+        return all(_plain_json(v, depth + 1) for v in value)
+    return False
 
 
 def _closed_channel() -> KombuConnectionError:

@@ -145,3 +145,8 @@ SELECT claimed.id, claimed.queue, claimed.body, claimed.run_count, CASE WHEN cla
 FROM claimed
 UNION ALL
 SELECT acked.id, NULL, NULL, NULL, 'acked' FROM acked;
+
+-- name: messages_expiring
+-- How many of a queue's messages carry an expiry (message or queue TTL applied at publish).
+SELECT count(*) FILTER (WHERE expires_at IS NOT NULL) AS expiring, count(*) AS total
+FROM {schema}.messages WHERE queue = %(queue)s;

@@ -67,6 +67,25 @@ def test_reject_publish_refuses_the_message_beyond_max_length(make_connection: A
     assert states(store) == {("capped", "ready"): 2}
 
 
+def test_a_queue_declared_with_ttl_and_max_length_by_another_connection_binds_a_publisher_already_running(
+    make_connection: Any, store: Store
+) -> None:
+    publisher = make_connection().Producer()
+    for n in range(6):  # past psycopg's prepare threshold: the publish statement is prepared by now
+        publisher.publish({"n": n}, routing_key="late")
+    other = make_connection()
+    Queue("late", max_length=8, message_ttl=30, queue_arguments={"x-overflow": "reject-publish"})(
+        other.default_channel
+    ).declare()
+    publisher.publish({"n": 6}, routing_key="late")
+    publisher.publish({"n": 7}, routing_key="late", exchange="")
+    with pytest.raises(QueueFullError, match="reject-publish"):
+        publisher.publish({"n": 8}, routing_key="late")
+    query = INSPECT["messages_expiring"].replace("{schema}", sqlfiles.quote_ident(store.schema))
+    with store.connection().cursor() as cur:
+        assert cur.execute(query, {"queue": "late"}, prepare=False).fetchone() == (2, 8)
+
+
 def test_reject_publish_through_an_exchange_raises_too(make_connection: Any, store: Store) -> None:
     conn = make_connection()
     q = Queue(

@@ -36,6 +36,17 @@ def test_a_closed_channel_answers_with_a_connection_error_kombu_recovers_from() 
         channel.basic_publish({"body": b"x"}, exchange="", routing_key="q")
 
 
+def test_publish_properties_beyond_plain_json_take_the_full_check_with_the_same_outcome() -> None:
+    from datetime import UTC, datetime
+
+    when = datetime(2030, 1, 2, tzinfo=UTC)
+    kept = {"timestamp": when, "route": ("a", "b"), 3: "int key", "deep": [[[[[[[[[[1]]]]]]]]]]}
+    assert _storable_properties(kept) == kept  # kombu's JSON takes them all: stored as given
+    loop: dict[str, object] = {}
+    loop["self"] = loop  # nested without end: no RecursionError, the key is left out as not JSON
+    assert _storable_properties({"delivery_mode": 2, "loop": loop}) == {"delivery_mode": 2}
+
+
 def test_publish_properties_are_stored_as_given_unless_a_value_is_not_json() -> None:
     info = {"exchange": "", "routing_key": "q"}
     props = {"delivery_mode": 2, "priority": 0, "delivery_info": info, "delivery_tag": 1}

@@ -4,15 +4,14 @@
 
 -- name: message_insert
 -- One message into a queue; a ready one wakes one consumer parked on its queue,
--- if any (function wake, migration 0008: no NOTIFY when nobody waits).
+-- if any (function wake, migrations 0008 and 0009: no NOTIFY when nobody waits).
 -- Due later (delay, or a far ETA as not_before): state 'delayed', promoted when
 -- due. TTL from the message or the queue, whichever is shorter. A queue at its
--- x-max-length with x-overflow=reject-publish takes nothing (no row returned).
-WITH v AS (
-    SELECT COALESCE(%(now)s::timestamptz, now()) AS now_,
-           GREATEST(COALESCE(%(now)s::timestamptz, now()) + make_interval(secs => %(delay)s),
-                    COALESCE(%(not_before)s::timestamptz, '-infinity')) AS avail
-), ins AS (
+-- x-max-length with x-overflow=reject-publish takes nothing (no row returned);
+-- only such a queue counts its messages (function queue_has_room, migration 0012:
+-- an inline count was a subplan built at every publish). One CTE, and the wake in
+-- the select list, called only for a ready row: every plan node is built per execution.
+WITH ins AS (
     INSERT INTO {schema}.messages
         (queue, priority, body, content_type, content_encoding, headers, properties,
          state, available_at, expires_at)
@@ -20,21 +19,20 @@ WITH v AS (
            %(headers)s, %(properties)s,
            CASE WHEN v.avail > v.now_ THEN 'delayed' ELSE 'ready' END, v.avail,
            v.now_ + make_interval(secs => LEAST(%(ttl)s::float8, extract(epoch FROM q.message_ttl)::float8))
-    FROM v
+    FROM (SELECT COALESCE(%(now)s::timestamptz, now()) AS now_,
+                 GREATEST(COALESCE(%(now)s::timestamptz, now()) + make_interval(secs => %(delay)s),
+                          COALESCE(%(not_before)s::timestamptz, '-infinity')) AS avail) AS v
     LEFT JOIN {schema}.queues AS q ON q.name = %(queue)s
     WHERE q.max_length IS NULL OR q.overflow <> 'reject-publish'
-       OR (SELECT count(*) FROM {schema}.messages AS c
-           WHERE c.queue = %(queue)s AND c.state IN ('ready', 'delayed')) < q.max_length
+       OR {schema}.queue_has_room(q.name, q.max_length)
     RETURNING id, queue, state
-), woken AS (
-    SELECT {schema}.wake(ARRAY(SELECT queue FROM ins WHERE state = 'ready')) AS n
 )
-SELECT ins.id FROM ins CROSS JOIN woken;
+SELECT ins.id, CASE WHEN ins.state = 'ready' THEN {schema}.wake(ARRAY[ins.queue]) END AS woken FROM ins;
 
 -- name: message_route
 -- Publish through an exchange in one round trip: a copy for every bound queue
 -- that matches (direct: equal key, topic: pattern, fanout: all), each waking one parked consumer;
--- delay, TTL and x-max-length as message_insert.
+-- delay, TTL and x-max-length (queue_has_room) as message_insert.
 WITH v AS (
     SELECT COALESCE(%(now)s::timestamptz, now()) AS now_,
            GREATEST(COALESCE(%(now)s::timestamptz, now()) + make_interval(secs => %(delay)s),
@@ -59,8 +57,7 @@ WITH v AS (
     CROSS JOIN v
     LEFT JOIN {schema}.queues AS q ON q.name = t.queue
     WHERE q.max_length IS NULL OR q.overflow <> 'reject-publish'
-       OR (SELECT count(*) FROM {schema}.messages AS c
-           WHERE c.queue = t.queue AND c.state IN ('ready', 'delayed')) < q.max_length
+       OR {schema}.queue_has_room(q.name, q.max_length)
     RETURNING id, queue, state
 ), woken AS (
     SELECT {schema}.wake(ARRAY(SELECT queue FROM ins WHERE state = 'ready')) AS n
