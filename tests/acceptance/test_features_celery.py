@@ -81,6 +81,7 @@ def test_an_expired_task_is_dead_lettered_to_another_queue_where_a_worker_runs_i
     app.send_task(tasks.RECORD, args=[1], queue="work")  # nobody consumes "work": it expires there
     cluster.start_worker("parking", pool="solo", concurrency=1, args=["-Q", "parked"])
     eventually(lambda: cluster.table.rows().get(1), timeout=90, what="the dead-lettered task ran from 'parked'")
+    eventually(lambda: cluster.queue_rows() == 0, timeout=30, what="its run acked")
     assert cluster.store.deadletter_list() == [], "a routed dead letter must leave the dead letters table"
     tally = cluster.tally([1], injected="message TTL 1 s on 'work' with x-dead-letter-exchange, no consumer")
     assert tally == Tally(sent=1, completed=1, duplicated=0, queued=0, lost=0)
@@ -99,6 +100,7 @@ def test_an_over_attempted_task_is_dead_lettered_to_another_queue_not_dropped(cl
     first.kill_group()  # its lease dies with it: the rescue spends the only attempt
     cluster.start_worker("parking", pool="solo", concurrency=1, args=["-Q", "parked"])
     eventually(lambda: cluster.table.rows().get(1), timeout=90, what="the dead-lettered task ran from 'parked'")
+    eventually(lambda: cluster.queue_rows() == 0, timeout=30, what="its run acked")
     starts = cluster.started(1)
     assert len(starts) == 2, starts
     assert starts[0].pid != starts[1].pid, "the second run is the parking worker's"

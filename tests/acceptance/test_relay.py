@@ -47,6 +47,7 @@ def test_one_worker_of_the_host_relays_and_another_takes_over_when_it_is_killed(
         app.send_task(tasks.RECORD, args=[n])
     sent: Any = [*first, *second]
     eventually(lambda: len(set(sent) & cluster.table.rows().keys()) == 60, timeout=120, what="all 60 tasks")
+    eventually(lambda: cluster.queue_rows() == 0, timeout=30, what="every run acked")
     tally = cluster.tally(sent, injected="kill -9 of the worker that relayed the host's wake-ups, 3 solo workers")
     assert (tally.completed, tally.duplicated, tally.lost) == (60, 0, 0)
     assert all(w.alive for w in rest)

@@ -150,3 +150,8 @@ SELECT acked.id, NULL, NULL, NULL, 'acked' FROM acked;
 -- How many of a queue's messages carry an expiry (message or queue TTL applied at publish).
 SELECT count(*) FILTER (WHERE expires_at IS NOT NULL) AS expiring, count(*) AS total
 FROM {schema}.messages WHERE queue = %(queue)s;
+
+-- name: function_settings
+-- The settings each function of a schema runs with (ALTER FUNCTION ... SET, or SET in its definition).
+SELECT p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')' AS function, p.proconfig AS settings
+FROM pg_proc AS p WHERE p.pronamespace = %(schema)s::regnamespace ORDER BY 1;
