@@ -13,12 +13,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import select
 import time
 import weakref
 from collections.abc import Callable
 from typing import Protocol
 
+from kombu_akadze import polling
 from kombu_akadze.consume import relay
 from kombu_akadze.consume.wakeups import Waker
 from kombu_akadze.errors import AkadzeError
@@ -176,7 +176,7 @@ class Listener:
                 return
             fds = [self._interrupt.fileno(), *self._fds()]
             try:
-                ready, _, _ = select.select(fds, [], [], remaining)
+                ready = polling.readable(fds, remaining)
             except (OSError, ValueError):  # a socket was closed under us
                 self.fd = None
                 continue

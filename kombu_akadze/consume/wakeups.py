@@ -20,12 +20,13 @@ class Waker:
         os.set_blocking(self._r, False)
         os.set_blocking(self._w, False)
         self._pending = False
+        self._closed = False
 
     def fileno(self) -> int:
         return self._r
 
     def wake(self) -> None:
-        if self._pending:
+        if self._pending or self._closed:  # closed: its descriptor numbers may belong to a new file now
             return
         self._pending = True
         with contextlib.suppress(OSError):  # full (a wake-up is pending anyway), or closed at a stop
@@ -42,6 +43,9 @@ class Waker:
         self._pending = False
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         for fd in (self._r, self._w):
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import re
-import select
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from psycopg import errors as pg_errors
 from psycopg import pq
 from psycopg.adapt import PyFormat, Transformer
 
+from kombu_akadze import polling
 from kombu_akadze.errors import DatabaseError
 from kombu_akadze.store import sqlfiles
 from kombu_akadze.store.records import AckClaim, Tag, ack_claim_outcome, ack_claim_params
@@ -119,7 +119,7 @@ class LoopClaims(Session):
                 else:
                     pgconn.send_query_params(query, values, None, None, _BINARY)
                 while pgconn.flush():  # non-blocking: 1 while part of the statement is still unsent
-                    select.select([], [pgconn.socket], [], self.connect_timeout)
+                    polling.writable(pgconn.socket, self.connect_timeout)
             except psycopg.Error as exc:
                 self._drop()
                 raise translate(exc, "message_ack_claim", self.schema) from exc
@@ -196,7 +196,7 @@ class LoopClaims(Session):
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
-            select.select([flight.conn.pgconn.socket], [], [], left)
+            polling.readable([flight.conn.pgconn.socket], left)
 
     def claim_landed(self) -> bool:
         """Another statement already read the outcome of the one in flight (message_ack_claim_read()

@@ -87,7 +87,6 @@ from __future__ import annotations
 
 import logging
 import os
-import select
 import socket
 import time
 import uuid
@@ -98,7 +97,7 @@ from kombu.exceptions import ConnectionError as KombuConnectionError
 from kombu.transport import virtual
 from kombu.utils.objects import cached_property
 
-from kombu_akadze import embedded
+from kombu_akadze import embedded, polling
 from kombu_akadze.consume.driver import HubDriver
 from kombu_akadze.consume.flusher import DelayedFlush
 from kombu_akadze.consume.listener import Listener
@@ -289,6 +288,7 @@ class Transport(virtual.Transport):
         finally:
             self.lease.stop(self.store)
             self.store.close()
+            self.waker.close()  # a new one comes with the next establish_connection
 
     def as_uri(self, uri: str, include_password: bool = False, mask: str = "**") -> str:
         return display_uri(self.client, include_password=include_password, mask=mask)
@@ -382,8 +382,7 @@ class Transport(virtual.Transport):
 
     def waker_wait(self, timeout: float) -> None:
         """Sleep up to *timeout*, returning early when an outcome frees a slot."""
-        ready, _, _ = select.select([self.waker.fileno()], [], [], max(timeout, 0.0))
-        if ready:
+        if polling.readable([self.waker.fileno()], max(timeout, 0.0)):
             self.waker.drain()
 
     # -- consuming ------------------------------------------------------------
