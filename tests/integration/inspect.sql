@@ -155,3 +155,11 @@ FROM {schema}.messages WHERE queue = %(queue)s;
 -- The settings each function of a schema runs with (ALTER FUNCTION ... SET, or SET in its definition).
 SELECT p.proname || '(' || pg_get_function_identity_arguments(p.oid) || ')' AS function, p.proconfig AS settings
 FROM pg_proc AS p WHERE p.pronamespace = %(schema)s::regnamespace ORDER BY 1;
+
+-- name: database_create
+-- A database of a test's own.
+CREATE DATABASE {database};
+
+-- name: database_drop
+-- Gone with its sessions.
+DROP DATABASE IF EXISTS {database} WITH (FORCE);

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import logging
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
+from kombu_akadze.integrations.testing import fresh_schema, store_for
 from kombu_akadze.lease import compact
 from kombu_akadze.lease.compact import Compactor
 from kombu_akadze.lease.heartbeat import Heartbeat
@@ -18,6 +22,25 @@ OWNER = "compact-test"
 ROWS = 20_000
 #: Far below the production threshold (16 MB), so a backlog of 20,000 rows is "bloated".
 SMALL = 256 * 1024
+
+
+@pytest.fixture
+def store(pg_url: str) -> Iterator[Store]:
+    """A store on a database of its own: VACUUM empties a drained heap only when no session of the
+    database may still see its dead rows, and other tests (or other runs on the same server) keep
+    sessions in the shared one."""
+    name = sqlfiles.quote_ident(f"akadze_compact_{uuid.uuid4().hex[:10]}")
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(SQL["database_create"].replace("{database}", name))
+    url = make_conninfo(pg_url, dbname=name.strip('"'))
+    try:
+        with fresh_schema(url) as schema:
+            made = store_for(url, schema)
+            yield made
+            made.close()
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(SQL["database_drop"].replace("{database}", name))
 
 
 def _sql(store: Store, name: str) -> str:
