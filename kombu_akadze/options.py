@@ -111,6 +111,11 @@ class Options:
     #: acks and claims of its last ~0.6 s (3 x wal_writer_delay), so those messages run again;
     #: none is lost, since a publish, release, requeue or reject is always durable.
     durable_acks: bool = False
+    #: Messages published transient (delivery_mode=1: Celery's task_default_delivery_mode="transient",
+    #: its events and remote-control messages) commit without waiting for the WAL flush: a crash of
+    #: the server may lose those of its last ~0.6 s (3 x wal_writer_delay), as RabbitMQ loses transient
+    #: messages at a restart. Off: every publish is durable, whatever its delivery mode.
+    transient_async: bool = False
     #: Seconds any statement of the transport's sessions may wait for a lock (0: no limit). A claim
     #: behind a lock held elsewhere (a long REINDEX, an operator's LOCK TABLE) then fails with a
     #: transient error, retried as a lost connection, instead of freezing the consumer (remote

@@ -297,7 +297,8 @@ class AdminQueries(Session):
     ) -> int | None:
         """message_insert on the caller's connection, inside their transaction and never committed here: the
         row and its wake-up (NOTIFY is delivered at commit) exist only if they commit. None: the queue is full."""
-        params = {**self._message_params(message), "queue": message.queue, "now": now}
+        # durable: the caller's transaction decides how it commits, whatever the message's delivery mode
+        params = {**self._message_params(message), "queue": message.queue, "now": now, "durable": True}
         rows = self._run_on(conn, "message_insert", params)
         return int(rows[0]["id"]) if rows else None
 
@@ -311,7 +312,8 @@ class AdminQueries(Session):
         now: datetime | None = None,
     ) -> tuple[list[str], int]:
         """message_route on the caller's connection, as message_insert_on: (queues that got a copy, matched)."""
-        params = {**self._message_params(message), "exchange": exchange, "routing_key": routing_key, "now": now}
+        params = {**self._message_params(message), "exchange": exchange, "routing_key": routing_key, "now": now,
+                  "durable": True}  # fmt: skip
         rows = self._run_on(conn, "message_route", params)
         return [r["queue"] for r in rows if r["id"] is not None], int(rows[0]["targets"]) if rows else 0
 

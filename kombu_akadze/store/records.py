@@ -56,6 +56,9 @@ class NewMessage:
     ttl: float | None = None
     #: Not claimable before this time (a far Celery ETA, minus the native-delay lead).
     not_before: datetime | None = None
+    #: Its publish waits for the WAL flush (and synchronous standbys). False only for a transient
+    #: message (delivery_mode=1) under the transport option transient_async.
+    durable: bool = True
 
 
 def split_tags(tags: Iterable[Tag]) -> tuple[list[int], list[int]]:

@@ -353,6 +353,7 @@ class Session:
             "delay": float(message.delay),
             "ttl": message.ttl,
             "not_before": message.not_before,
+            "durable": message.durable,
         }
 
     def _run(

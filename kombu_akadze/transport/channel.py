@@ -139,6 +139,7 @@ class Channel(ExchangeMixin, virtual.Channel):
             properties=properties,
             ttl=milliseconds(properties, "expiration") if expiration is not None else None,
             not_before=self._native_delay(message),
+            durable=not (self.connection.options.transient_async and properties.get("delivery_mode") == 1),
         )
 
     def _native_delay(self, message: dict[str, Any]) -> datetime | None:

@@ -73,6 +73,9 @@ Transport Options
 * ``durable_acks`` (bool, default ``False``): acks and claims wait for the WAL flush (and any
   synchronous standby) like publishes; off, a server crash may make the last ~0.6 s of finished
   messages run again (never lost), as RabbitMQ's unconfirmed acks.
+* ``transient_async`` (bool, default ``False``): a message published transient (``delivery_mode=1``)
+  commits without waiting for the WAL flush; a server crash may lose those of its last ~0.6 s, as
+  RabbitMQ loses transient messages at a restart. Off, every publish is durable.
 * ``lock_timeout`` (float, default 5, seconds; 0: none): longest wait of any statement for a lock; a
   claim behind an operator's LOCK TABLE or a long REINDEX fails transiently (retried as a lost
   connection) instead of freezing the worker's event loop.

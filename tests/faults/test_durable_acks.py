@@ -87,3 +87,63 @@ def test_acks_and_claims_skip_the_wal_flush_unless_durable_acks(pg_server: PgSer
         assert check.message_counts() == {(QUEUE, "held"): 1, (QUEUE, "ready"): 1}
     finally:
         check.close()
+
+
+def test_transient_publishes_skip_the_wal_flush_only_under_transient_async(pg_server: PgServer) -> None:
+    """Injected: a synchronous standby that never connects. 6 publishes through kombu (4 to the queue, 2
+    through a direct exchange): a transient one (delivery_mode=1) returns at once where transient_async
+    is on; a persistent one there, and a transient one where the option is off (the default), wait for
+    the standby like any durable commit (cancelled: committed locally). All 6 are in the queue after."""
+    import kombu
+
+    url = pg_server.url()
+    migrate.apply(url, SCHEMA)
+    exchange = kombu.Exchange("transient-x", type="direct", durable=True)
+    queue = kombu.Queue(QUEUE, exchange=exchange, routing_key=QUEUE, durable=True)
+    fast = kombu.Connection(
+        f"akadze+{url}?application_name=akadze-fast",
+        transport_options={"schema": SCHEMA, "transient_async": True},
+    )
+    default = kombu.Connection(f"akadze+{url}?application_name=akadze-default", transport_options={"schema": SCHEMA})
+    try:
+        fast_producer, default_producer = fast.Producer(), default.Producer()
+        queue(fast.default_channel).declare()  # before the standby: a declare commits durably
+        default.default_channel.queue_declare(QUEUE, passive=True)  # connects
+        _require_standby(pg_server)
+
+        def publish(producer: kombu.Producer, mode: int, *, through_exchange: bool = False) -> None:
+            target = {"exchange": exchange, "routing_key": QUEUE} if through_exchange else {"routing_key": QUEUE}
+            producer.publish({"mode": mode}, delivery_mode=mode, **target)
+
+        _returns(lambda: publish(fast_producer, 1))
+        _returns(lambda: publish(fast_producer, 1, through_exchange=True))
+
+        def waits_for_standby(call: Callable[[], None], app: str) -> None:
+            thread = threading.Thread(target=call, daemon=True)
+            thread.start()
+            waiting: list[tuple[Any, ...]] = []
+
+            def found() -> bool:
+                waiting[:] = pg_server.execute("waiting_for_standby", {"app": app})
+                return bool(waiting)
+
+            eventually(found, timeout=30, what=f"the publish of {app} waits for the standby")
+            assert thread.is_alive()
+            pg_server.execute("cancel_pid", {"pid": waiting[0][0]})  # committed locally: the message stands
+            thread.join(30)
+            assert not thread.is_alive()
+
+        waits_for_standby(lambda: publish(fast_producer, 2), "akadze-fast")
+        waits_for_standby(lambda: publish(fast_producer, 2, through_exchange=True), "akadze-fast")
+        waits_for_standby(lambda: publish(default_producer, 1), "akadze-default")
+        waits_for_standby(lambda: publish(default_producer, 1, through_exchange=True), "akadze-default")
+    finally:
+        pg_server.execute("sync_standby_reset")
+        pg_server.execute("reload")
+        fast.release()
+        default.release()
+    check = Store(url, schema=SCHEMA, role="check")
+    try:
+        assert check.message_counts() == {(QUEUE, "ready"): 6}
+    finally:
+        check.close()

@@ -11,6 +11,8 @@
 -- only such a queue counts its messages (function queue_has_room, migration 0012:
 -- an inline count was a subplan built at every publish). One CTE, and the wake in
 -- the select list, called only for a ready row: every plan node is built per execution.
+-- Unless %(durable)s (a transient message under transient_async), it commits without waiting
+-- for the WAL flush: set_config in v, which the WHERE reads so that it runs first.
 WITH ins AS (
     INSERT INTO {schema}.messages
         (queue, priority, body, content_type, content_encoding, headers, properties,
@@ -21,10 +23,13 @@ WITH ins AS (
            v.now_ + make_interval(secs => LEAST(%(ttl)s::float8, extract(epoch FROM q.message_ttl)::float8))
     FROM (SELECT COALESCE(%(now)s::timestamptz, now()) AS now_,
                  GREATEST(COALESCE(%(now)s::timestamptz, now()) + make_interval(secs => %(delay)s),
-                          COALESCE(%(not_before)s::timestamptz, '-infinity')) AS avail) AS v
+                          COALESCE(%(not_before)s::timestamptz, '-infinity')) AS avail,
+                 CASE WHEN NOT %(durable)s::boolean THEN set_config('synchronous_commit', 'off', true)
+                      ELSE '' END AS sc) AS v
     LEFT JOIN {schema}.queues AS q ON q.name = %(queue)s
-    WHERE q.max_length IS NULL OR q.overflow <> 'reject-publish'
-       OR {schema}.queue_has_room(q.name, q.max_length)
+    WHERE v.sc IS NOT NULL
+      AND (q.max_length IS NULL OR q.overflow <> 'reject-publish'
+           OR {schema}.queue_has_room(q.name, q.max_length))
     RETURNING id, queue, state
 )
 SELECT ins.id, CASE WHEN ins.state = 'ready' THEN {schema}.wake(ARRAY[ins.queue]) END AS woken FROM ins;
@@ -32,11 +37,13 @@ SELECT ins.id, CASE WHEN ins.state = 'ready' THEN {schema}.wake(ARRAY[ins.queue]
 -- name: message_route
 -- Publish through an exchange in one round trip: a copy for every bound queue
 -- that matches (direct: equal key, topic: pattern, fanout: all), each waking one parked consumer;
--- delay, TTL and x-max-length (queue_has_room) as message_insert.
+-- delay, TTL, x-max-length (queue_has_room) and durability as message_insert.
 WITH v AS (
     SELECT COALESCE(%(now)s::timestamptz, now()) AS now_,
            GREATEST(COALESCE(%(now)s::timestamptz, now()) + make_interval(secs => %(delay)s),
-                    COALESCE(%(not_before)s::timestamptz, '-infinity')) AS avail
+                    COALESCE(%(not_before)s::timestamptz, '-infinity')) AS avail,
+           CASE WHEN NOT %(durable)s::boolean THEN set_config('synchronous_commit', 'off', true)
+                ELSE '' END AS sc
 ), targets AS (
     SELECT DISTINCT b.queue
     FROM {schema}.bindings AS b
@@ -56,8 +63,9 @@ WITH v AS (
     FROM targets AS t
     CROSS JOIN v
     LEFT JOIN {schema}.queues AS q ON q.name = t.queue
-    WHERE q.max_length IS NULL OR q.overflow <> 'reject-publish'
-       OR {schema}.queue_has_room(q.name, q.max_length)
+    WHERE v.sc IS NOT NULL
+      AND (q.max_length IS NULL OR q.overflow <> 'reject-publish'
+           OR {schema}.queue_has_room(q.name, q.max_length))
     RETURNING id, queue, state
 ), woken AS (
     SELECT {schema}.wake(ARRAY(SELECT queue FROM ins WHERE state = 'ready')) AS n
