@@ -208,3 +208,17 @@ def test_the_previous_releases_ack_and_claim_still_work_on_the_migrated_schema(s
     done = conn.execute(query, {**params, **tag, "park": channel}).fetchall()
     assert [(r[0], r[4]) for r in done] == [(claimed[0][0], "acked")]
     assert waiting(store) == [("q", "old")]
+
+
+def test_over_several_queues_only_the_one_a_publish_is_committing_to_says_retry(pg_url: str, store: Store) -> None:
+    """Per queue, as with one: the queue whose wake lock a publisher holds comes back 'retry' (no park);
+    the other is parked on; once the publish commits, a claim over both gets its message."""
+    channel = wake_channel(store.schema, "c")
+    with psycopg.connect(pg_url) as publisher:
+        store.message_insert_on(publisher, NewMessage(queue="q", body=b"racing"))
+        first = store.message_ack_claim(acks=[], queues=["other", "q"], limits=[1, 1], owner="c", park=channel)
+        assert (first.claimed, first.retry) == ([], frozenset({"q"}))
+        assert waiting(store) == [("other", "c")]
+    second = store.message_ack_claim(acks=[], queues=["other", "q"], limits=[1, 1], owner="c", park=channel)
+    assert ([m.body for m in second.claimed], second.retry) == ([b"racing"], frozenset())
+    assert waiting(store) == [("other", "c")]
