@@ -51,6 +51,7 @@ class HubDriver:
         listen_poll_interval: float,
         waker: Waker,
         check: Callable[[], None] = lambda: None,
+        on_ready: Callable[[], None] = lambda: None,
     ) -> None:
         self.hub = hub
         self.waker = waker
@@ -61,6 +62,8 @@ class HubDriver:
         self.poll_interval = poll_interval
         self.listen_poll_interval = listen_poll_interval
         self.check = check
+        #: Told when something may be ready anywhere (wake(ready=True)): has_free_slot counts every window.
+        self.on_ready = on_ready
         self._claim_fd: int | None = None
         self._loop_thread: int | None = None
         self._timer: Any = None
@@ -100,6 +103,7 @@ class HubDriver:
     def wake(self, *, ready: bool = False) -> None:
         """Write outcomes and (if anything may be ready) claim at the end of this tick; calls coalesce."""
         if ready:
+            self.on_ready()
             self.maybe_ready = True
         if self._stopped:
             return

@@ -31,14 +31,25 @@ class Round:
     full: bool = False
     #: Some queue got no slot this round (fewer free slots than queues).
     left_out: bool = False
+    #: The windows that were full, and those with a queue left out.
+    full_owners: set[Hashable] = field(default_factory=set)
+    left_out_owners: set[Hashable] = field(default_factory=set)
 
     def more(self, got: dict[str, int]) -> bool:
         """After the claim got *got* messages per queue: may claiming again at once find more? Yes when
         some queue filled its slots, some window was full, or slots were left free while some queue was
         not asked (the next round, rotated, asks it first)."""
-        if self.full or any(got.get(q, 0) >= n for q, n in self.wanted.items()):
-            return True
-        return self.left_out and sum(got.values()) < sum(self.wanted.values())
+        return bool(self.more_for(got))
+
+    def more_for(self, got: dict[str, int]) -> set[Hashable]:
+        """The windows for which claiming again may find more (see more()): a window whose queues all
+        came back short found them empty, and claiming for it again at once would only find them empty
+        again (it waits for a wake-up, as a consumer parked on them)."""
+        owners = set(self.full_owners)
+        owners.update(self.owner_of[q] for q, n in self.wanted.items() if got.get(q, 0) >= n)
+        if self.left_out and sum(got.values()) < sum(self.wanted.values()):
+            owners.update(self.left_out_owners)
+        return owners
 
 
 def split_slots(free: int, queues: int) -> list[int]:
@@ -62,6 +73,7 @@ def plan(windows: Sequence[Window], rotation: int) -> Round:
     for window in windows:
         if window.free <= 0:
             result.full = True
+            result.full_owners.add(window.owner)
             continue
         queues = rotate(list(dict.fromkeys(window.queues)), rotation)
         if not queues:
@@ -69,6 +81,7 @@ def plan(windows: Sequence[Window], rotation: int) -> Round:
         for queue, n in zip(queues, split_slots(window.free, len(queues)), strict=True):
             if n <= 0:
                 result.left_out = True
+                result.left_out_owners.add(window.owner)
             elif queue not in result.wanted:
                 result.wanted[queue] = n
                 result.owner_of[queue] = window.owner

@@ -66,6 +66,15 @@ class Deliverer:
         self.channels = channels
         self.claim_batch = claim_batch
         self._rotation = 0
+        #: The windows the last claim said may have more (None: any, after a wake-up). A channel without
+        #: a prefetch limit (Celery's remote control) always has free slots, so counting it after its
+        #: queue came back empty claimed again and again while the task window was full (a tight loop
+        #: of claims for as long as the tasks ran).
+        self._may_have_more: set[Any] | None = None
+        #: Wake-ups so far, and how many there had been when the claim in flight was planned: one that
+        #: came meanwhile may be for a message that claim's snapshot missed, so it keeps every window open.
+        self._woken = 0
+        self._planned_at = 0
 
     def free_slots(self, channel: Channel) -> int:
         """How many more messages *channel* may hold: its prefetch window less what it holds and buffers
@@ -84,7 +93,14 @@ class Deliverer:
         ]
 
     def has_free_slot(self) -> bool:
-        return any(window.free > 0 for window in self._windows())
+        """Some window that may find more (see anything_may_be_ready) has a free slot."""
+        limit = self._may_have_more
+        return any(window.free > 0 and (limit is None or window.owner in limit) for window in self._windows())
+
+    def anything_may_be_ready(self) -> None:
+        """A wake-up, the heartbeat's report or the poll: every window may find something again."""
+        self._woken += 1
+        self._may_have_more = None
 
     def buffered(self) -> int:
         return sum(len(c.claimed) for c in self.channels())
@@ -96,6 +112,7 @@ class Deliverer:
             channel.qos.flush(("bury", "requeue"))
         plan = rounds.plan(self._windows(), self._rotation)
         self._rotation += 1
+        self._planned_at = self._woken
         return plan
 
     def finish_round(self, plan: Round, claimed: list[ClaimedMessage]) -> tuple[int, bool]:
@@ -105,7 +122,9 @@ class Deliverer:
         for message in claimed:
             cast("Channel", plan.owner_of[message.queue]).claimed.append(message)
             got[message.queue] = got.get(message.queue, 0) + 1
-        return len(claimed), plan.more(got)
+        owners = plan.more_for(got)
+        self._may_have_more = owners if self._woken == self._planned_at else None
+        return len(claimed), bool(owners)
 
     def claim_round(self) -> tuple[int, bool]:
         """One claim statement, on the caller's thread, for every consuming channel (see plan_round)."""

@@ -416,6 +416,7 @@ class Transport(virtual.Transport):
             claims=self.claims,
             deliver_one=self.deliverer.deliver_one,
             has_free_slot=self.deliverer.has_free_slot,
+            on_ready=self.deliverer.anything_may_be_ready,
             poll_interval=self.options.poll_interval,
             listen_poll_interval=self.options.listen_poll_interval,
             waker=self.waker,

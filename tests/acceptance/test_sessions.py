@@ -102,3 +102,39 @@ def test_a_prefork_worker_holds_two_sessions_and_a_publishing_child_one_more_whi
     assert peak <= 1, f"a publishing pool child holds {peak} sessions"
     eventually(settled, timeout=60, interval=0.2, what="the child's session closed after idle_close")
     assert worker.alive
+
+
+def test_a_worker_with_remote_control_and_a_full_window_sends_no_statements_while_its_task_runs(
+    cluster: Cluster, tcp_pg: Any
+) -> None:
+    """Celery's default worker consumes its pidbox beside its task queue, on a channel without a prefetch
+    limit. With the task window full (-c 1, prefetch 1: one task running, one waiting in the queue), the
+    worker used to claim for the pidbox again and again for as long as the task ran (~1,900 statements/s,
+    96 per 50 ms task). Its command session must stay idle instead: sampled every 50 ms for 2 s, its
+    state changes at most a few times (the safety poll, a heartbeat report)."""
+    worker = cluster.start_worker("full", concurrency=1, args=["--prefetch-multiplier", "1"])
+    app = cluster.producer()
+    for n in (1, 2):
+        app.send_task(tasks.SLOW, args=[n, 8.0])
+
+    def window_full() -> bool:
+        counts = cluster.store.message_counts()
+        return counts.get(("celery", "held"), 0) == 1 and counts.get(("celery", "ready"), 0) == 1
+
+    eventually(window_full, timeout=60, what="one task held and running, one waiting")
+    rows = cluster.store.connection().execute(SQL["client_sessions"]).fetchall()
+    ports = _local_ports(worker.pid)
+    # the consuming connection's command session, and any other of the main process (a publisher's)
+    command = [int(p) for name, p in rows if name == "akadze-command" and int(p) in ports]
+    assert command, "no command session of the worker's main process"
+    changes = set()
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        for port in command:
+            for (changed,) in cluster.store.connection().execute(SQL["session_state_change"], {"port": port}):
+                changes.add((port, changed))
+        time.sleep(0.05)
+    assert window_full(), "the first task ended during the sampling; it runs for 8 s"
+    # at most one or two changes each (a poll, a heartbeat's report), not one per 50 ms sample
+    assert len(changes) <= 3 * len(command), f"command sessions changed state {len(changes)} times in 2 s"
+    eventually(lambda: cluster.table.rows().get(2), timeout=60, what="both tasks run")

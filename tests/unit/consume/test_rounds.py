@@ -51,3 +51,16 @@ def test_claim_again_when_slots_were_left_free_while_a_queue_was_not_asked() -> 
     assert r.left_out
     assert r.more({"a": 0, "b": 0})  # nothing in a and b: the next round asks c first
     assert plan([Window(owner="c", queues=[], free=3)], rotation=0).wanted == {}
+
+
+def test_only_the_windows_that_may_find_more_are_named() -> None:
+    # Celery with remote control: the task channel's window is full, the pidbox channel (no prefetch
+    # limit) asked and found nothing. Only the task window may find more (once a slot frees there):
+    # claiming for the pidbox again at once would find it empty again, at every turn of the loop.
+    r = plan([Window(owner="tasks", queues=["celery"], free=0), Window(owner="pidbox", queues=["p"], free=100)], 0)
+    assert r.more_for({}) == {"tasks"}
+    r = plan([Window(owner="tasks", queues=["celery"], free=1), Window(owner="pidbox", queues=["p"], free=100)], 0)
+    assert r.more_for({"celery": 1}) == {"tasks"}
+    assert r.more_for({}) == set()
+    r = plan([Window(owner="c", queues=["a", "b", "c"], free=2)], rotation=0)
+    assert r.more_for({"a": 0, "b": 0}) == {"c"}
