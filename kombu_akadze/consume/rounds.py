@@ -27,13 +27,20 @@ class Round:
 
     wanted: dict[str, int] = field(default_factory=dict)
     owner_of: dict[str, Hashable] = field(default_factory=dict)
-    #: Some window was full: a claim as soon as a slot frees may find more.
-    full: bool = False
-    #: Some queue got no slot this round (fewer free slots than queues).
-    left_out: bool = False
-    #: The windows that were full, and those with a queue left out.
+    #: The windows that were full (a claim as soon as a slot frees may find more), and those with a
+    #: queue that got no slot this round (fewer free slots than queues).
     full_owners: set[Hashable] = field(default_factory=set)
     left_out_owners: set[Hashable] = field(default_factory=set)
+
+    @property
+    def full(self) -> bool:
+        """Some window was full."""
+        return bool(self.full_owners)
+
+    @property
+    def left_out(self) -> bool:
+        """Some queue got no slot this round."""
+        return bool(self.left_out_owners)
 
     def more(self, got: dict[str, int]) -> bool:
         """After the claim got *got* messages per queue: may claiming again at once find more? Yes when
@@ -72,7 +79,6 @@ def plan(windows: Sequence[Window], rotation: int) -> Round:
     result = Round()
     for window in windows:
         if window.free <= 0:
-            result.full = True
             result.full_owners.add(window.owner)
             continue
         queues = rotate(list(dict.fromkeys(window.queues)), rotation)
@@ -80,7 +86,6 @@ def plan(windows: Sequence[Window], rotation: int) -> Round:
             continue
         for queue, n in zip(queues, split_slots(window.free, len(queues)), strict=True):
             if n <= 0:
-                result.left_out = True
                 result.left_out_owners.add(window.owner)
             elif queue not in result.wanted:
                 result.wanted[queue] = n

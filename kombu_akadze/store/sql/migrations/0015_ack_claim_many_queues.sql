@@ -28,6 +28,7 @@ DECLARE
     took integer;
     late integer;
     i integer;
+    parked boolean;
 BEGIN
     IF cardinality(ack_ids) > 0 THEN
         RETURN QUERY WITH acked AS (
@@ -41,73 +42,58 @@ BEGIN
         FROM acked AS a;
     END IF;
     -- Each queue in turn, as 0011 did for one: = ANY(ARRAY(...)) keeps the update a primary-key lookup
-    -- of the picked ids (as claim); a queue the claim came back short for is parked on at once.
+    -- of the picked ids (as claim). A queue the claim came back short for is parked on at once: its
+    -- lock taken without waiting (a publisher holds it: a 'retry' row), the park recorded, then the
+    -- same claim once more, a new statement, so a fresh snapshot: whatever was committed before the
+    -- lock was taken.
     FOR i IN 1 .. LEAST(COALESCE(cardinality(queues), 0), COALESCE(cardinality(limits), 0)) LOOP
-        RETURN QUERY WITH claimed AS (
-            UPDATE {schema}.messages AS m
-            SET state = 'held',
-                owner = claimer,
-                run_count = m.run_count + 1,
-                attempts = m.attempts + 1,
-                claimed_at = COALESCE(at, now())
-            WHERE m.id = ANY (ARRAY(
-                SELECT p.id
-                FROM {schema}.messages AS p
-                WHERE p.queue = queues[i]
-                  AND p.state = 'ready'
-                  AND p.available_at <= COALESCE(at, now())
-                  AND (p.expires_at IS NULL OR p.expires_at > COALESCE(at, now()))
-                ORDER BY p.priority DESC, p.id
-                LIMIT limits[i]
-                FOR UPDATE SKIP LOCKED
-            ))
-            RETURNING m.id, m.queue, m.priority, m.body, m.content_type, m.content_encoding, m.headers,
-                      m.properties, m.run_count, m.attempts
-        )
-        SELECT c.id, c.queue, c.priority, c.body, c.content_type, c.content_encoding, c.headers,
-               c.properties, c.run_count, c.attempts, 'claimed'::text
-        FROM claimed AS c;
-        GET DIAGNOSTICS took = ROW_COUNT;
-        IF channel IS NULL OR (took < limits[i]) IS NOT TRUE THEN
-            CONTINUE;
-        END IF;
-        IF NOT pg_try_advisory_xact_lock(1634427002, hashtext(queues[i])) THEN
-            RETURN QUERY SELECT NULL::bigint, queues[i], NULL::smallint, NULL::bytea, NULL::text, NULL::text,
-                                NULL::jsonb, NULL::jsonb, NULL::integer, NULL::integer, 'retry'::text;
-            CONTINUE;
-        END IF;
-        INSERT INTO {schema}.waiting (queue, consumer, channel)
-        VALUES (queues[i], claimer, channel)
-        ON CONFLICT (queue, consumer) DO NOTHING;
-        -- A new statement, so a fresh snapshot: whatever was committed before the lock was taken.
-        RETURN QUERY WITH claimed AS (
-            UPDATE {schema}.messages AS m
-            SET state = 'held',
-                owner = claimer,
-                run_count = m.run_count + 1,
-                attempts = m.attempts + 1,
-                claimed_at = COALESCE(at, now())
-            WHERE m.id = ANY (ARRAY(
-                SELECT p.id
-                FROM {schema}.messages AS p
-                WHERE p.queue = queues[i]
-                  AND p.state = 'ready'
-                  AND p.available_at <= COALESCE(at, now())
-                  AND (p.expires_at IS NULL OR p.expires_at > COALESCE(at, now()))
-                ORDER BY p.priority DESC, p.id
-                LIMIT limits[i] - took
-                FOR UPDATE SKIP LOCKED
-            ))
-            RETURNING m.id, m.queue, m.priority, m.body, m.content_type, m.content_encoding, m.headers,
-                      m.properties, m.run_count, m.attempts
-        )
-        SELECT c.id, c.queue, c.priority, c.body, c.content_type, c.content_encoding, c.headers,
-               c.properties, c.run_count, c.attempts, 'claimed'::text
-        FROM claimed AS c;
-        GET DIAGNOSTICS late = ROW_COUNT;
-        IF late > 0 THEN
-            DELETE FROM {schema}.waiting AS w WHERE w.consumer = claimer AND w.queue = queues[i];
-        END IF;
+        took := 0;
+        parked := false;
+        LOOP
+            RETURN QUERY WITH claimed AS (
+                UPDATE {schema}.messages AS m
+                SET state = 'held',
+                    owner = claimer,
+                    run_count = m.run_count + 1,
+                    attempts = m.attempts + 1,
+                    claimed_at = COALESCE(at, now())
+                WHERE m.id = ANY (ARRAY(
+                    SELECT p.id
+                    FROM {schema}.messages AS p
+                    WHERE p.queue = queues[i]
+                      AND p.state = 'ready'
+                      AND p.available_at <= COALESCE(at, now())
+                      AND (p.expires_at IS NULL OR p.expires_at > COALESCE(at, now()))
+                    ORDER BY p.priority DESC, p.id
+                    LIMIT limits[i] - took
+                    FOR UPDATE SKIP LOCKED
+                ))
+                RETURNING m.id, m.queue, m.priority, m.body, m.content_type, m.content_encoding, m.headers,
+                          m.properties, m.run_count, m.attempts
+            )
+            SELECT c.id, c.queue, c.priority, c.body, c.content_type, c.content_encoding, c.headers,
+                   c.properties, c.run_count, c.attempts, 'claimed'::text
+            FROM claimed AS c;
+            GET DIAGNOSTICS late = ROW_COUNT;
+            took := took + late;
+            IF parked THEN
+                IF late > 0 THEN
+                    DELETE FROM {schema}.waiting AS w WHERE w.consumer = claimer AND w.queue = queues[i];
+                END IF;
+                EXIT;
+            END IF;
+            EXIT WHEN channel IS NULL OR (took < limits[i]) IS NOT TRUE;
+            IF NOT pg_try_advisory_xact_lock(1634427002, hashtext(queues[i])) THEN
+                RETURN QUERY SELECT NULL::bigint, queues[i], NULL::smallint, NULL::bytea, NULL::text,
+                                    NULL::text, NULL::jsonb, NULL::jsonb, NULL::integer, NULL::integer,
+                                    'retry'::text;
+                EXIT;
+            END IF;
+            INSERT INTO {schema}.waiting (queue, consumer, channel)
+            VALUES (queues[i], claimer, channel)
+            ON CONFLICT (queue, consumer) DO NOTHING;
+            parked := true;
+        END LOOP;
     END LOOP;
 END
 $$;
