@@ -48,8 +48,11 @@ class Broker:
         self.names.add(name)
         return name
 
-    def celery_env(self, *, queue: str, prefetch: int, key: str, redis_url: str) -> dict[str, str]:
+    def celery_env(
+        self, *, queue: str, prefetch: int, key: str, redis_url: str, remote_control: bool = False
+    ) -> dict[str, str]:
         return {
+            "BENCH_REMOTE_CONTROL": "1" if remote_control else "0",
             "BENCH_BROKER_URL": self.url,
             "BENCH_TRANSPORT_OPTIONS": json.dumps(self.transport_options),
             "BENCH_QUEUE": queue,

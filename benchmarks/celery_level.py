@@ -44,9 +44,12 @@ class Worker:
         redis_url: str,
         logdir: Path,
         pool: tuple[str, ...] = PREFORK_2,
+        remote_control: bool = False,
     ) -> None:
         self.pool = pool
-        self.env = broker.celery_env(queue=queue, prefetch=prefetch, key=key, redis_url=redis_url)
+        self.env = broker.celery_env(
+            queue=queue, prefetch=prefetch, key=key, redis_url=redis_url, remote_control=remote_control
+        )
         self.queue = queue
         self.prefetch = prefetch
         self.key = key
@@ -162,17 +165,22 @@ def drain(
     logdir: Path,
     latency: tuple[float, float] | None = None,
     log: Callable[[str], None] = print,
+    remote_control: bool = False,
 ) -> dict[str, Any]:
-    """tasks/s from worker_ready to the last task done; with *latency*=(rate, seconds), then run workload c."""
+    """tasks/s from worker_ready to the last task done; with *latency*=(rate, seconds), then run workload c.
+    *remote_control* runs the worker with Celery's default (on), which consumes its pidbox queue too."""
     tag = uuid.uuid4().hex[:8]
-    queue = broker.queue_name(f"celery-{kind}-p{prefetch}-{tag}", run_id)
+    queue = broker.queue_name(f"celery-{kind}-p{prefetch}{'-rc' if remote_control else ''}-{tag}", run_id)
     key = f"akadze-bench:{run_id}:{tag}:"
     task, args = (celeryapp.NOOP, (total,)) if kind == "noop" else (celeryapp.SLEEP, (total, 0.010))
     out: dict[str, Any] = {}
     if total:
         enqueue_secs = enqueue(broker, queue, task, args, total)
         out["enqueue_per_s"] = total / enqueue_secs
-    worker = Worker(broker, queue=queue, prefetch=prefetch, key=key, redis_url=redis_url, logdir=logdir)
+    worker = Worker(
+        broker, queue=queue, prefetch=prefetch, key=key, redis_url=redis_url, logdir=logdir,
+        remote_control=remote_control,
+    )  # fmt: skip
     client = worker.redis
     try:
         worker.start()

@@ -7,6 +7,7 @@ BENCH_BROKER_URL          broker URL (akadze+postgresql://..., pyamqp://..., red
 BENCH_TRANSPORT_OPTIONS   JSON object, Celery's broker_transport_options
 BENCH_QUEUE               the queue the tasks go to and the worker consumes
 BENCH_PREFETCH            worker_prefetch_multiplier
+BENCH_REMOTE_CONTROL      "1": worker_enable_remote_control on (Celery's default), else off
 BENCH_REDIS_URL           where the counter, the ready stamp and latencies are written
 BENCH_KEY                 key prefix of this worker run in that Redis
 """
@@ -34,6 +35,9 @@ def settings_from_env(env: dict[str, str] | os._Environ[str] = os.environ) -> di
         "broker_transport_options": json.loads(env.get("BENCH_TRANSPORT_OPTIONS", "{}")),
         "task_default_queue": env.get("BENCH_QUEUE", "bench"),
         "worker_prefetch_multiplier": int(env.get("BENCH_PREFETCH", "1")),
+        # Off by default, as written for virtual transports that lacked fanout. Celery itself leaves it
+        # on, and skips it on a transport without fanout: the b.noop_p1_rc row runs that default.
+        "worker_enable_remote_control": env.get("BENCH_REMOTE_CONTROL") == "1",
     }
 
 
@@ -41,16 +45,17 @@ def make_app(settings: dict[str, Any]) -> Celery:
     """One Celery app; the benchmark's parent process makes one per broker to enqueue."""
     app = Celery("bench", set_as_current=False)
     app.conf.update(
-        task_acks_late=True,
-        task_ignore_result=True,
-        task_serializer="json",
-        accept_content=["json"],
-        # Remote control and events need fanout exchanges, which virtual transports lack; off for all.
-        worker_enable_remote_control=False,
-        worker_send_task_events=False,
-        broker_connection_retry_on_startup=True,
-        worker_hijack_root_logger=False,
-        **settings,
+        {
+            "task_acks_late": True,
+            "task_ignore_result": True,
+            "task_serializer": "json",
+            "accept_content": ["json"],
+            "worker_enable_remote_control": False,
+            "worker_send_task_events": False,
+            "broker_connection_retry_on_startup": True,
+            "worker_hijack_root_logger": False,
+            **settings,
+        }
     )
     return app
 

@@ -30,6 +30,9 @@ FIGURES = {
     "b.noop_p4": Figure("b", "celery worker, no-op tasks, prefetch x4", "tasks/s", True),
     "b.sleep_p1": Figure("b", "celery worker, 10 ms tasks, prefetch x1", "tasks/s", True),
     "b.sleep_p4": Figure("b", "celery worker, 10 ms tasks, prefetch x4", "tasks/s", True),
+    "b.noop_p1_rc": Figure(
+        "b", "celery worker, no-op tasks, prefetch x1, remote control on (Celery's default)", "tasks/s", True
+    ),
     "c.p50": Figure("c", "enqueue->start latency p50 (20 tasks/s)", "ms", False),
     "c.p99": Figure("c", "enqueue->start latency p99 (20 tasks/s)", "ms", False),
     "e.getack_p50": Figure("e", "single get+ack latency p50, near-empty queue", "ms", False),

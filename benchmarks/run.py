@@ -158,30 +158,40 @@ class Bench:
         import celery_level
 
         s = self.sizes
-        specs = [("noop", s.noop, 1), ("noop", s.noop, 4), ("sleep", s.sleep, 1), ("sleep", s.sleep, 4)]
+        # (task, how many, prefetch multiplier, remote control): the last row runs Celery's default.
+        specs = [
+            ("noop", s.noop, 1, False), ("noop", s.noop, 4, False),
+            ("sleep", s.sleep, 1, False), ("sleep", s.sleep, 4, False),
+            ("noop", s.noop, 1, True),
+        ]  # fmt: skip
         if not throughput:
-            specs = [("noop", 0, 1)]
+            specs = [("noop", 0, 1, False)]
         for broker in self.rotation(repeat):
-            for i, (kind, total, prefetch) in enumerate(specs):
+            for i, (kind, total, prefetch, rc) in enumerate(specs):
                 with_latency = (s.latency_rate, s.latency_seconds) if latency and i == 0 else None
                 self.log(
                     f"{'b' if total else 'c'}  {broker.name} {kind} x{total} prefetch x{prefetch}"
+                    + (" remote control on" if rc else "")
                     + (" + latency" if with_latency else "")
                 )
                 out = self.guarded(
                     "b" if total else "c",
                     broker.name,
                     repeat,
-                    lambda b=broker, k=kind, t=total, p=prefetch, lat=with_latency: celery_level.drain(
+                    lambda b=broker, k=kind, t=total, p=prefetch, lat=with_latency, r=rc: celery_level.drain(
                         b, run_id=self.run_id, kind=k, total=t, prefetch=p, cap=s.celery_cap,
                         redis_url=self.ends.redis, logdir=self.logdir, latency=lat, log=self.log,
+                        remote_control=r,
                     ),
                 )  # fmt: skip
                 if not out:
                     continue
                 if total and "tasks_per_s" in out:
                     self.results.add(
-                        f"b.{kind}_p{prefetch}", broker.name, out["tasks_per_s"], capped=bool(out.get("partial"))
+                        f"b.{kind}_p{prefetch}{'_rc' if rc else ''}",
+                        broker.name,
+                        out["tasks_per_s"],
+                        capped=bool(out.get("partial")),
                     )
                 if "latency" in out:
                     self.results.add("c.p50", broker.name, out["latency"]["p50_ms"])
