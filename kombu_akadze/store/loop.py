@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import pq
-from psycopg.adapt import PyFormat, Transformer
+from psycopg.adapt import Transformer
 
 from kombu_akadze import polling
 from kombu_akadze.errors import DatabaseError
@@ -44,6 +44,31 @@ def _positional(query: str) -> tuple[bytes, tuple[str, ...]]:
         return f"${names.index(match[1]) + 1}"
 
     return _PLACEHOLDER.sub(number, query).replace("%%", "%").encode("utf-8"), tuple(names)
+
+
+def _text(value: Any) -> bytes | None:
+    """One parameter of message_ack_claim in PostgreSQL's text format, as the statement's casts read it
+    (bigint[], integer[], text[], text, boolean; the claim time is always NULL here). Written here rather than through
+    psycopg's dumpers, which look up an adapter per array element: ~19 us a claim against ~3."""
+    if value is None:
+        return None
+    if value is True or value is False:
+        return b"t" if value else b"f"
+    if isinstance(value, int):
+        return str(value).encode()
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, list):
+        if all(type(v) is int for v in value):
+            return ("{" + ",".join(map(str, value)) + "}").encode()
+        if all(isinstance(v, str) for v in value):
+            return ("{" + ",".join(_array_element(v) for v in value) + "}").encode()
+    raise TypeError(f"message_ack_claim: no text form for a parameter of type {type(value).__name__}")
+
+
+def _array_element(text: str) -> str:
+    """A text[] element quoted for an array literal: any queue name reads back as itself."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _check(result: pq.abc.PGresult, conn: psycopg.Connection[Any]) -> pq.abc.PGresult:
@@ -111,7 +136,7 @@ class LoopClaims(Session):
             conn = self.connection()
             query, names = _positional(sqlfiles.render("message_ack_claim", schema=self.schema))
             try:
-                values = Transformer(conn).dump_sequence([params[n] for n in names], [PyFormat.TEXT] * len(names))
+                values = [_text(params[n]) for n in names]
                 pgconn = conn.pgconn
                 if self.prepared_statements and not self.pooled:  # a pooler may run it on another server
                     self._prepare_ack_claim(conn, query)

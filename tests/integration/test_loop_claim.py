@@ -188,3 +188,43 @@ def test_a_prepared_claim_walks_the_indexes_once_a_backlog_arrives(pg_url: str, 
     top = explained[0][0]["Plan"]
     pages = top["Shared Hit Blocks"] + top["Shared Read Blocks"] + top["Temp Written Blocks"]
     assert pages < 100, f"claiming one message read {pages} pages: {explained[0]}"
+
+
+AWKWARD_QUEUES = ["plain", 'with "quotes"', "back\\slash", "comma,brace}{", "space and ünïcode", "NULL", ""]
+
+
+def test_the_hand_written_parameters_read_back_as_any_queue_name(loop_store: Store, store: Store) -> None:
+    """The loop path writes its parameters in PostgreSQL's text format itself (array literals, quoting)
+    instead of through psycopg's dumpers: every queue name, the acks' ids and run counts survive."""
+    for queue in AWKWARD_QUEUES:
+        store.message_insert(NewMessage(queue=queue, body=queue.encode(), headers={"q": queue}))
+    loop_store.message_ack_claim_start(
+        acks=[], queues=AWKWARD_QUEUES, limits=[1] * len(AWKWARD_QUEUES), owner=OWNER, park="akadze.some-channel"
+    )
+    outcome = loop_store.message_ack_claim_wait(30)
+    assert outcome is not None
+    assert sorted(m.queue for m in outcome.claimed) == sorted(AWKWARD_QUEUES)
+    assert all(m.body == m.queue.encode() and m.headers == {"q": m.queue} for m in outcome.claimed)
+    tags = [m.tag for m in outcome.claimed]
+    stale = (tags[0][0], tags[0][1] + 1)  # a run count this consumer does not hold: fenced off
+    loop_store.message_ack_claim_start(acks=[stale, *tags[1:]], queues=["plain"], limits=[1], owner=OWNER)
+    again = loop_store.message_ack_claim_wait(30)
+    assert again is not None
+    assert again.acked == {message_id for message_id, _ in tags[1:]}
+    assert again.claimed == []
+    assert store.message_counts() == {(outcome.claimed[0].queue, "held"): 1}
+
+
+def test_headers_that_only_look_typed_stay_as_they_were(loop_store: Store, store: Store) -> None:
+    """kombu's typed values ({"__type__": ..., "__value__": ...}) decode; anything else that mentions
+    "__type__" is left a plain dict or string."""
+    headers = {
+        "note": "__type__",
+        "almost": {"__type__": "datetime"},
+        "extra": {"__type__": "x", "__value__": 1, "y": 2},
+    }
+    store.message_insert(NewMessage(queue="t", body=b"b", headers=headers))
+    loop_store.message_ack_claim_start(acks=[], queues=["t"], limits=[1], owner=OWNER)
+    outcome = loop_store.message_ack_claim_wait(30)
+    assert outcome is not None
+    assert [m.headers for m in outcome.claimed] == [headers]
