@@ -46,6 +46,7 @@ class HubDriver:
         listener: ListenSocket,
         claims: Claims,
         deliver_one: Callable[[], bool],
+        buffered: Callable[[], int],
         has_free_slot: Callable[[], bool],
         poll_interval: float,
         listen_poll_interval: float,
@@ -58,6 +59,7 @@ class HubDriver:
         self.listener = listener
         self.claims_of = claims
         self.deliver_one = deliver_one
+        self.buffered = buffered
         self.has_free_slot = has_free_slot
         self.poll_interval = poll_interval
         self.listen_poll_interval = listen_poll_interval
@@ -70,6 +72,9 @@ class HubDriver:
         self._soon: Any = None
         self._stopped = False
         self._in_flight = False
+        #: A wake() on the loop's own thread (an ack from a pool result, a timer): the hub's on_tick
+        #: runs the tick before its next poll, with no pipe write, poll wake-up and read for it.
+        self._tick_wanted = False
         #: Whether a claim could find something: set by wake-ups, the poll and full claims;
         #: cleared when a claim is sent, so acks alone cost no empty claims. A wake-up that arrives
         #: while a claim is in flight sets it again: that claim's snapshot may predate the message.
@@ -81,6 +86,7 @@ class HubDriver:
         # The waker is a reader of the hub: wake() from a pool-result callback, the heartbeat or
         # this driver itself makes the hub's next poll return at once, never after a poll timeout.
         self.hub.add_reader(self.waker.fileno(), self._on_wake)
+        self.hub.on_tick.add(self._on_hub_tick)
         self.wake(ready=True)
         self._schedule_poll()
 
@@ -91,6 +97,7 @@ class HubDriver:
     def stop(self) -> None:
         self._stopped = True
         self.hub.remove_reader(self.waker.fileno())
+        self.hub.on_tick.discard(self._on_hub_tick)
         for timer in (self._timer, self._soon):
             if timer is not None:
                 timer.cancel()
@@ -107,16 +114,37 @@ class HubDriver:
             self.maybe_ready = True
         if self._stopped:
             return
-        self.waker.wake()
+        if self.on_loop_thread():
+            self._tick_wanted = True
+        else:
+            self.waker.wake()
 
     def _on_wake(self, *args: Any) -> None:
         self.waker.drain()
+        self._tick()
+
+    def _on_hub_tick(self) -> None:
+        """The hub's on_tick, right before each poll: the tick a wake() on the loop thread asked for. It
+        writes outcomes and sends claims but delivers nothing: Celery checks for a stop between two turns
+        of its loop, not here, and the pool may have set its writers for this poll already. A message to
+        deliver goes through the waker, to the next turn."""
+        if self._tick_wanted:
+            self._tick_wanted = False
+            self._tick(deliver=False)
+
+    def _tick(self, *, deliver: bool = True) -> None:
         if self._stopped:
             return
         self._collect()
-        # One message per loop iteration, so Celery can stop (warm shutdown) between two of them.
-        if self.deliver_one():
-            self.wake()
+        # One message per turn of the loop, so Celery can stop (warm shutdown) between two of them. After
+        # the last one buffered, the next claim goes out in this same turn: a wake-up for it would cost
+        # the loop one more turn (a pipe write, a poll, a read) for every message.
+        if deliver:
+            if self.deliver_one() and self.buffered():
+                self.waker.wake()
+                return
+        elif self.buffered():
+            self.waker.wake()
             return
         if self._in_flight:
             return  # its completion wakes the loop; the acks meanwhile ride with the next claim
@@ -132,8 +160,8 @@ class HubDriver:
             self.maybe_ready = False
         if self.claims_of.claim_done():  # it ran here (the loop was idle): deliver without another tick
             self._collect()
-            if self.deliver_one():
-                self.wake()
+            if self.deliver_one() if deliver else self.buffered():
+                self.waker.wake()
         else:
             self._watch_claim()
 
@@ -171,7 +199,7 @@ class HubDriver:
         if not self.claims_of.claim_progress():
             self._watch_claim()  # part of the result only: wait for the rest
             return
-        self._on_wake()  # collect, deliver and claim again in this tick: the hot path
+        self._tick()  # collect, deliver and claim again in this tick: the hot path
 
     def _collect(self) -> None:
         if self._in_flight and self.claims_of.claim_done():

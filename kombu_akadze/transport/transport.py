@@ -415,6 +415,7 @@ class Transport(virtual.Transport):
             listener=self.lease.listener,
             claims=self.claims,
             deliver_one=self.deliverer.deliver_one,
+            buffered=self.deliverer.buffered,
             has_free_slot=self.deliverer.has_free_slot,
             on_ready=self.deliverer.anything_may_be_ready,
             poll_interval=self.options.poll_interval,

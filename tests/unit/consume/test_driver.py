@@ -5,6 +5,8 @@ settles what is in flight."""
 
 from __future__ import annotations
 
+import select
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +20,7 @@ class Hub:
     def __init__(self) -> None:
         self.readers: dict[int, Callable[..., Any]] = {}
         self.timers: list[Timer] = []
+        self.on_tick: set[Callable[[], Any]] = set()
 
     def add_reader(self, fd: int, callback: Callable[..., Any], *args: Any) -> None:
         self.readers[fd] = callback
@@ -32,6 +35,17 @@ class Hub:
 
     def fire(self, fd: int) -> None:
         self.readers[fd]()
+
+    def iterate(self, waker: Waker) -> None:
+        """One turn of kombu's loop: the on_tick callbacks, then the poll (here: the waker, if written)."""
+        for callback in list(self.on_tick):
+            callback()
+        if readable(waker) and waker.fileno() in self.readers:
+            self.fire(waker.fileno())
+
+
+def readable(waker: Waker) -> bool:
+    return bool(select.select([waker.fileno()], [], [], 0)[0])
 
 
 class Timer:
@@ -50,9 +64,13 @@ class Socket:
 
 
 def notify(driver: HubDriver, hub: Hub) -> None:
-    """A NOTIFY read on the heartbeat's thread: it wakes the loop, which runs its next tick."""
-    driver.wake(ready=True)
-    hub.fire(driver.waker.fileno())
+    """A NOTIFY read on the heartbeat's thread: it wakes the loop (through the waker), which runs its
+    next tick."""
+    other = threading.Thread(target=driver.wake, kwargs={"ready": True})
+    other.start()
+    other.join()
+    assert readable(driver.waker)
+    hub.iterate(driver.waker)
 
 
 class Statement:
@@ -119,6 +137,7 @@ def rig(*, free: bool = True) -> tuple[HubDriver, Hub, Socket, Statement, list[s
         listener=socket,
         claims=statement,
         deliver_one=deliver_one,
+        buffered=lambda: len(statement.buffered),
         has_free_slot=lambda: free,
         poll_interval=1.0,
         listen_poll_interval=10.0,
@@ -129,8 +148,8 @@ def rig(*, free: bool = True) -> tuple[HubDriver, Hub, Socket, Statement, list[s
 
 
 def tick(driver: HubDriver, hub: Hub) -> None:
-    """One loop iteration that found the waker readable."""
-    hub.fire(driver.waker.fileno())
+    """One loop iteration: a wake() on the loop's thread (rig() calls start() on it) is run by on_tick."""
+    hub.iterate(driver.waker)
 
 
 def test_start_watches_the_waker_only_and_schedules_the_safety_poll() -> None:
@@ -150,6 +169,63 @@ def test_a_claim_is_sent_then_its_socket_watched_and_its_messages_delivered_when
     hub.fire(CLAIM_FD)
     assert delivered == ["m1"]
     assert CLAIM_FD not in hub.readers
+
+
+def test_a_wake_on_the_loop_thread_is_run_before_the_next_poll_without_the_pipe() -> None:
+    driver, hub, _, statement, _ = rig()
+    assert not readable(driver.waker)  # start()'s own wake-up: on_tick runs it, nothing written
+    for callback in list(hub.on_tick):
+        callback()
+    assert statement.sent == [True]
+    statement.arrive()
+    hub.fire(CLAIM_FD)
+    sent = len(statement.sent)
+    driver.wake()  # an ack from a pool result, on the loop thread
+    assert not readable(driver.waker)
+    assert len(statement.sent) == sent  # nothing yet: the acks of this turn go out together
+    tick(driver, hub)
+    assert statement.sent[sent:] == [False]  # the acks written (no window may find more: no claim)
+    driver.stop()
+    assert driver._on_hub_tick not in hub.on_tick
+
+
+def test_after_the_last_buffered_message_the_next_claim_goes_out_in_the_same_tick() -> None:
+    driver, hub, _, statement, delivered = rig()
+    statement.more = True  # the claim came back full: more may be ready
+    tick(driver, hub)
+    statement.arrive()
+    hub.fire(CLAIM_FD)
+    assert delivered == ["m1"]
+    assert statement.sent == [True, True]  # claimed again at once, no turn of the loop in between
+    assert not readable(driver.waker)
+
+
+def test_with_several_buffered_one_message_per_turn_of_the_loop() -> None:
+    driver, hub, _, statement, delivered = rig()
+    statement.batch = 3
+    tick(driver, hub)
+    statement.arrive()
+    hub.fire(CLAIM_FD)
+    assert delivered == ["m1"]
+    assert readable(driver.waker)  # Celery may stop (warm shutdown) between two deliveries
+    tick(driver, hub)
+    tick(driver, hub)
+    assert delivered == ["m1", "m2", "m3"]
+
+
+def test_on_tick_delivers_nothing_and_leaves_the_delivery_to_the_next_turn_of_the_loop() -> None:
+    """Celery checks for a warm shutdown between two turns of its loop: a message handed over in on_tick
+    (before the poll) would start a task after the stop was asked for."""
+    driver, hub, _, statement, delivered = rig()
+    tick(driver, hub)
+    statement.arrive()  # its result is in before the loop's reader saw it (another statement read it)
+    driver.wake()
+    for callback in list(hub.on_tick):
+        callback()
+    assert delivered == []
+    assert readable(driver.waker)  # the next turn delivers it
+    hub.fire(driver.waker.fileno())
+    assert delivered == ["m1"]
 
 
 def test_one_claim_in_flight_at_a_time_whatever_wakes_the_loop() -> None:
