@@ -216,6 +216,7 @@ class Channel(ExchangeMixin, virtual.Channel):
 
             self.connection._callbacks[queue] = forget_then_deliver
         self.store.queue_touch(queues=[queue])
+        self.connection.wake(ready=True)  # a new queue may hold messages already: claim for every window
         return result
 
     def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:

@@ -90,7 +90,7 @@ class ClaimCycle:
         if self._pending is not None:
             raise RuntimeError("a claim is already in flight")
         if claim:
-            plan = self.deliverer.plan_round()
+            plan = self.deliverer.plan_round(woken_only=True)
         else:
             self.flush_outcomes(kinds=("bury", "requeue"))
             plan = Round()

@@ -105,12 +105,17 @@ class Deliverer:
     def buffered(self) -> int:
         return sum(len(c.claimed) for c in self.channels())
 
-    def plan_round(self) -> Round:
+    def plan_round(self, *, woken_only: bool = False) -> Round:
         """What one claim statement should ask for (see consume.rounds.plan), rotated each round. Writes
-        the buffered burials and requeues first; acks are left to ride along in the claim statement."""
+        the buffered burials and requeues first; acks are left to ride along in the claim statement.
+        *woken_only* (the event loop, which tracks wake-ups): only the windows that may find more. One
+        whose queues came back empty is parked on them and waits for its wake-up: Celery's pidbox, asked
+        at every claim of a busy worker, was claimed and parked on again inside each ack+claim."""
         for channel in self.channels():
             channel.qos.flush(("bury", "requeue"))
-        plan = rounds.plan(self._windows(), self._rotation)
+        limit = self._may_have_more if woken_only else None
+        windows = [w for w in self._windows() if limit is None or w.owner in limit]
+        plan = rounds.plan(windows, self._rotation)
         self._rotation += 1
         self._planned_at = self._woken
         return plan

@@ -12,6 +12,7 @@ from typing import Any
 import kombu
 import pytest
 from kombu import Exchange, Queue
+from kombu.asynchronous import Hub
 
 from kombu_akadze.integrations.testing import eventually
 from kombu_akadze.store import Store
@@ -450,3 +451,61 @@ def test_durable_acks_reaches_every_session_of_the_connection(make_connection: A
     conn = make_connection(durable_acks="yes")
     assert conn.transport.store.durable_acks is True
     assert conn.transport._new_store("heartbeat").durable_acks is True
+
+
+def test_a_queue_that_came_back_empty_is_not_claimed_again_until_something_wakes_it(
+    make_connection: Any, store: Store
+) -> None:
+    """Celery with remote control, on kombu's event loop as Celery runs it: a task channel with a
+    prefetch window and a no_ack control channel on one connection. Once the control queue came back
+    empty (and was parked on), the claims that keep the task window full ask for the task queue alone; a
+    publish to the control queue wakes it up again."""
+    conn = make_connection()
+    work, control = Queue("rc-work"), Queue("rc-control")
+    producer = make_connection().Producer()
+    producer.publish({"warm": True}, routing_key="rc-control", declare=[control])
+    for i in range(30):
+        producer.publish({"i": i}, routing_key="rc-work", declare=[work])
+    asked: list[list[str]] = []
+    store_of = conn.transport.store
+    real_start = store_of.message_ack_claim_start
+
+    def recording_start(*, queues, **kwargs):  # type: ignore[no-untyped-def]
+        asked.append(list(queues))
+        return real_start(queues=queues, **kwargs)
+
+    store_of.message_ack_claim_start = recording_start
+    commands: list[Any] = []
+    conn.connect()
+    kombu.Consumer(
+        conn.channel(), [control], callbacks=[lambda body, msg: commands.append(body)], no_ack=True
+    ).consume()
+    tasks, got = consume(conn, work, prefetch=2)
+    tasks.callbacks[:] = [lambda body, msg: (got.append(body), msg.ack())]
+    hub = Hub()
+    conn.transport.register_with_event_loop(conn.connection, hub)
+    loop = hub.create_loop()
+
+    def turn_until(predicate: Any) -> None:
+        deadline = time.monotonic() + 30
+        while not predicate():
+            assert time.monotonic() < deadline, "condition not reached on the event loop"
+            next(loop)
+
+    try:
+        beats = conn.transport.heartbeat.beats
+        turn_until(lambda: len(got) == 30 and len(commands) == 1)
+        beats = conn.transport.heartbeat.beats - beats
+        claims = [q for q in asked if q]
+        with_control = [q for q in claims if "rc-control" in q]
+        print(f"{len(claims)} claims, {len(with_control)} of them asked the control queue; {beats} beats")
+        assert len(claims) >= 15  # the task window (2) was refilled again and again
+        # The first claims, until the control queue came back empty; after that only a wake-up asks it
+        # again, and a heartbeat that reports the task queue ready is one (at most one claim per beat).
+        assert len(with_control) <= 2 + beats, claims
+        producer.publish({"command": "ping"}, routing_key="rc-control")
+        turn_until(lambda: len(commands) == 2)  # its wake-up put it back into the next claim
+        assert commands[1] == {"command": "ping"}
+    finally:
+        conn.transport.unregister_from_event_loop(conn.connection, hub)
+        hub.close()
