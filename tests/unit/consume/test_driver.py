@@ -147,6 +147,13 @@ def rig(*, free: bool = True) -> tuple[HubDriver, Hub, Socket, Statement, list[s
     return driver, hub, socket, statement, delivered
 
 
+def claim_lands(driver: HubDriver, hub: Hub, statement: Statement) -> None:
+    """A turn of the loop sends a claim; its result arrives and the loop's reader of its socket runs."""
+    tick(driver, hub)
+    statement.arrive()
+    hub.fire(CLAIM_FD)
+
+
 def tick(driver: HubDriver, hub: Hub) -> None:
     """One loop iteration: a wake() on the loop's thread (rig() calls start() on it) is run by on_tick."""
     hub.iterate(driver.waker)
@@ -192,9 +199,7 @@ def test_a_wake_on_the_loop_thread_is_run_before_the_next_poll_without_the_pipe(
 def test_after_the_last_buffered_message_the_next_claim_goes_out_in_the_same_tick() -> None:
     driver, hub, _, statement, delivered = rig()
     statement.more = True  # the claim came back full: more may be ready
-    tick(driver, hub)
-    statement.arrive()
-    hub.fire(CLAIM_FD)
+    claim_lands(driver, hub, statement)
     assert delivered == ["m1"]
     assert statement.sent == [True, True]  # claimed again at once, no turn of the loop in between
     assert not readable(driver.waker)
@@ -203,9 +208,7 @@ def test_after_the_last_buffered_message_the_next_claim_goes_out_in_the_same_tic
 def test_with_several_buffered_one_message_per_turn_of_the_loop() -> None:
     driver, hub, _, statement, delivered = rig()
     statement.batch = 3
-    tick(driver, hub)
-    statement.arrive()
-    hub.fire(CLAIM_FD)
+    claim_lands(driver, hub, statement)
     assert delivered == ["m1"]
     assert readable(driver.waker)  # Celery may stop (warm shutdown) between two deliveries
     tick(driver, hub)
@@ -251,9 +254,7 @@ def test_a_notify_that_arrives_during_a_claim_makes_the_next_round_claim_again()
 def test_an_empty_claim_that_filled_nothing_does_not_claim_again_until_woken() -> None:
     driver, hub, _, statement, _ = rig()
     statement.batch = 0
-    tick(driver, hub)
-    statement.arrive()
-    hub.fire(CLAIM_FD)
+    claim_lands(driver, hub, statement)
     tick(driver, hub)  # an ack's wake-up: outcomes only, no claim
     assert True not in statement.sent[1:]
 
