@@ -160,7 +160,9 @@ class HubDriver:
             self.maybe_ready = False
         if self.claims_of.claim_done():  # it ran here (the loop was idle): deliver without another tick
             self._collect()
-            if self.deliver_one() if deliver else self.buffered():
+            # Deliver one and let the next turn see to the rest; from on_tick, leave it all to that turn.
+            next_turn = self.deliver_one() if deliver else self.buffered() > 0
+            if next_turn:
                 self.waker.wake()
         else:
             self._watch_claim()

@@ -42,16 +42,12 @@ class Round:
         """Some queue got no slot this round."""
         return bool(self.left_out_owners)
 
-    def more(self, got: dict[str, int]) -> bool:
-        """After the claim got *got* messages per queue: may claiming again at once find more? Yes when
-        some queue filled its slots, some window was full, or slots were left free while some queue was
-        not asked (the next round, rotated, asks it first)."""
-        return bool(self.more_for(got))
-
     def more_for(self, got: dict[str, int]) -> set[Hashable]:
-        """The windows for which claiming again may find more (see more()): a window whose queues all
-        came back short found them empty, and claiming for it again at once would only find them empty
-        again (it waits for a wake-up, as a consumer parked on them)."""
+        """After the claim got *got* messages per queue, the windows for which claiming again at once may
+        find more: a full window, one with a queue that filled its slots, and one with a queue left out
+        while slots went unused (the next round, rotated, asks it first). A window whose queues all came
+        back short found them empty, and claiming for it again at once would only find them empty again
+        (it waits for a wake-up, as a consumer parked on them)."""
         owners = set(self.full_owners)
         owners.update(self.owner_of[q] for q, n in self.wanted.items() if got.get(q, 0) >= n)
         if self.left_out and sum(got.values()) < sum(self.wanted.values()):

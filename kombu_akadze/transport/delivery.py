@@ -85,17 +85,18 @@ class Deliverer:
             return max(self.claim_batch - buffered, 0)
         return max((qos.can_consume_max_estimate() or 0) - buffered, 0)
 
-    def _windows(self) -> list[Window]:
+    def _windows(self, *, woken_only: bool = False) -> list[Window]:
+        """Every consuming channel's window; *woken_only*: those that may find more (anything_may_be_ready)."""
+        limit = self._may_have_more if woken_only else None
         return [
             Window(owner=channel, queues=channel.consumed_queues(), free=self.free_slots(channel))
             for channel in self.channels()
-            if channel.consuming()
+            if channel.consuming() and (limit is None or channel in limit)
         ]
 
     def has_free_slot(self) -> bool:
         """Some window that may find more (see anything_may_be_ready) has a free slot."""
-        limit = self._may_have_more
-        return any(window.free > 0 and (limit is None or window.owner in limit) for window in self._windows())
+        return any(window.free > 0 for window in self._windows(woken_only=True))
 
     def anything_may_be_ready(self) -> None:
         """A wake-up, the heartbeat's report or the poll: every window may find something again."""
@@ -113,9 +114,7 @@ class Deliverer:
         at every claim of a busy worker, was claimed and parked on again inside each ack+claim."""
         for channel in self.channels():
             channel.qos.flush(("bury", "requeue"))
-        limit = self._may_have_more if woken_only else None
-        windows = [w for w in self._windows() if limit is None or w.owner in limit]
-        plan = rounds.plan(windows, self._rotation)
+        plan = rounds.plan(self._windows(woken_only=woken_only), self._rotation)
         self._rotation += 1
         self._planned_at = self._woken
         return plan

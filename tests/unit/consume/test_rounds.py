@@ -42,14 +42,14 @@ def test_duplicate_queue_names_of_one_channel_count_once() -> None:
 
 def test_claim_again_at_once_when_a_queue_filled_its_slots() -> None:
     r = plan([Window(owner="c", queues=["a", "b"], free=4)], rotation=0)
-    assert r.more({"a": 2, "b": 0})  # a had more than it was given
-    assert not r.more({"a": 1, "b": 1})  # both found less than they asked: drained for now
+    assert r.more_for({"a": 2, "b": 0})  # a had more than it was given
+    assert not r.more_for({"a": 1, "b": 1})  # both found less than they asked: drained for now
 
 
 def test_claim_again_when_slots_were_left_free_while_a_queue_was_not_asked() -> None:
     r = plan([Window(owner="c", queues=["a", "b", "c"], free=2)], rotation=0)
     assert r.left_out
-    assert r.more({"a": 0, "b": 0})  # nothing in a and b: the next round asks c first
+    assert r.more_for({"a": 0, "b": 0})  # nothing in a and b: the next round asks c first
     assert plan([Window(owner="c", queues=[], free=3)], rotation=0).wanted == {}
 
 
