@@ -3,7 +3,8 @@
 ``Store`` is one session and every named query, grouped by what they touch: the session itself
 (session.py), the messages table (messages.py), the event loop's non-blocking claim (loop.py), the
 heartbeat and maintenance passes (maintenance.py), and queues, exchanges and operations
-(admin.py); records.py holds what they take and return.
+(admin.py); records.py holds what they take and return, and wire.py sends the per-message
+statements (publish, ack+claim) through libpq directly.
 """
 
 from __future__ import annotations

@@ -2,89 +2,25 @@
 
 from __future__ import annotations
 
-import functools
-import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg import errors as pg_errors
 from psycopg import pq
-from psycopg.adapt import Transformer
 
 from kombu_akadze import polling
 from kombu_akadze.errors import DatabaseError
-from kombu_akadze.store import sqlfiles
+from kombu_akadze.store import sqlfiles, wire
 from kombu_akadze.store.records import AckClaim, Tag, ack_claim_outcome, ack_claim_params
 from kombu_akadze.store.session import Session, is_transient, translate
-
-#: Results in binary: no text escaping of bytea bodies.
-_BINARY = 1
-#: The server-side name of the prepared ack+claim statement (one per session, so one per connection).
-_PREPARED = b"akadze_ack_claim"
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s")
 
 
 @dataclass
 class InFlight:
     conn: psycopg.Connection[Any]
     results: list[pq.abc.PGresult] = field(default_factory=list)
-
-
-@functools.cache
-def _positional(query: str) -> tuple[bytes, tuple[str, ...]]:
-    """A named block with %(name)s placeholders as libpq wants it: $1.. in first-use order, and the names."""
-    names: list[str] = []
-
-    def number(match: re.Match[str]) -> str:
-        if match[1] not in names:
-            names.append(match[1])
-        return f"${names.index(match[1]) + 1}"
-
-    return _PLACEHOLDER.sub(number, query).replace("%%", "%").encode("utf-8"), tuple(names)
-
-
-def _text(value: Any) -> bytes | None:
-    """One parameter of message_ack_claim in PostgreSQL's text format, as the statement's casts read it
-    (bigint[], integer[], text[], text, boolean; the claim time is always NULL here). Written here rather than through
-    psycopg's dumpers, which look up an adapter per array element: ~19 us a claim against ~3."""
-    if value is None:
-        return None
-    if value is True or value is False:
-        return b"t" if value else b"f"
-    if isinstance(value, int):
-        return str(value).encode()
-    if isinstance(value, str):
-        return value.encode()
-    if isinstance(value, list):
-        if all(type(v) is int for v in value):
-            return ("{" + ",".join(map(str, value)) + "}").encode()
-        if all(isinstance(v, str) for v in value):
-            return ("{" + ",".join(_array_element(v) for v in value) + "}").encode()
-    raise TypeError(f"message_ack_claim: no text form for a parameter of type {type(value).__name__}")
-
-
-def _array_element(text: str) -> str:
-    """A text[] element quoted for an array literal: any queue name reads back as itself."""
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _check(result: pq.abc.PGresult, conn: psycopg.Connection[Any]) -> pq.abc.PGresult:
-    if result.status == pq.ExecStatus.FATAL_ERROR:
-        raise pg_errors.error_from_result(result, encoding=conn.info.encoding)
-    return result
-
-
-def _rows_of(result: pq.abc.PGresult, conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
-    _check(result, conn)
-    if result.status != pq.ExecStatus.TUPLES_OK:
-        return []
-    loader = Transformer(conn)
-    loader.set_pgresult(result)
-    names = [(result.fname(i) or b"").decode() for i in range(result.nfields)]
-    return [dict(zip(names, values, strict=True)) for values in loader.load_rows(0, result.ntuples, tuple)]
 
 
 class LoopClaims(Session):
@@ -98,8 +34,6 @@ class LoopClaims(Session):
         super().__init__(*args, **kwargs)
         #: The statement message_ack_claim_start() sent and whose result has not been read yet.
         self._in_flight: InFlight | None = None
-        #: The connection the ack+claim statement is prepared on.
-        self._prepared_on: psycopg.Connection[Any] | None = None
         #: Its outcome, when another statement on this session had to read it first: (ok, value).
         self._landed: tuple[bool, Any] | None = None
         #: Called (on whichever thread) before that happens: the event loop stops watching the socket
@@ -115,7 +49,6 @@ class LoopClaims(Session):
 
     def _reset(self, *, forget: bool) -> None:
         self._in_flight = None
-        self._prepared_on = None
         if forget:
             self._landed = None
 
@@ -134,34 +67,19 @@ class LoopClaims(Session):
             if self._in_flight is not None or self._landed is not None:
                 raise RuntimeError("message_ack_claim is already in flight on this session")
             conn = self.connection()
-            query, names = _positional(sqlfiles.render("message_ack_claim", schema=self.schema))
+            query, names = wire.positional(sqlfiles.render("message_ack_claim", schema=self.schema))
             try:
-                values = [_text(params[n]) for n in names]
-                pgconn = conn.pgconn
-                if self.prepared_statements and not self.pooled:  # a pooler may run it on another server
-                    self._prepare_ack_claim(conn, query)
-                    pgconn.send_query_prepared(_PREPARED, values, None, _BINARY)
-                else:
-                    pgconn.send_query_params(query, values, None, None, _BINARY)
-                while pgconn.flush():  # non-blocking: 1 while part of the statement is still unsent
-                    polling.writable(pgconn.socket, self.connect_timeout)
+                values = [wire.text(params[n]) for n in names]
+                prepared = self._prepared_name(conn, "ack_claim", query)
+                wire.send(
+                    conn, query, values, [wire.TEXT] * len(values),
+                    prepared=prepared, result_format=wire.BINARY, timeout=self.connect_timeout,
+                )  # fmt: skip
             except psycopg.Error as exc:
                 self._drop()
                 raise translate(exc, "message_ack_claim", self.schema) from exc
             self._in_flight = InFlight(conn)
-            return pgconn.socket
-
-    def _prepare_ack_claim(self, conn: psycopg.Connection[Any], query: bytes) -> None:
-        """Prepare the statement once per connection (blocking: one round trip the first time). An
-        unnamed statement is parsed and planned at every claim; the prepared one switches to its generic
-        plan, which is safe to keep because the claim and ack functions (migration 0005) plan their own
-        queries to walk the indexes."""
-        if self._prepared_on is conn:
-            return
-        result = _check(conn.pgconn.prepare(_PREPARED, query), conn)
-        if result.status != pq.ExecStatus.COMMAND_OK:
-            raise psycopg.OperationalError(f"preparing message_ack_claim: status {result.status}")
-        self._prepared_on = conn
+            return conn.pgconn.socket
 
     def message_ack_claim_read(self) -> AckClaim | None:
         """Read what arrived for the statement in flight: its outcome once complete, else None.
@@ -187,7 +105,7 @@ class LoopClaims(Session):
                 else:
                     return None
                 self._in_flight = None
-                rows = [row for result in flight.results for row in _rows_of(result, flight.conn)]
+                rows = [row for result in flight.results for row in wire.rows_of(result, flight.conn)]
             except psycopg.Error as exc:
                 if flight.conn.pgconn.status != pq.ConnStatus.OK or is_transient(exc):
                     self._drop()

@@ -17,7 +17,7 @@ import psycopg
 from kombu.utils import json as kombu_json
 from psycopg import errors as pg_errors
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.rows import dict_row, tuple_row
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from kombu_akadze.errors import (
@@ -25,7 +25,7 @@ from kombu_akadze.errors import (
     SchemaNotAppliedError,
     TransientDatabaseError,
 )
-from kombu_akadze.store import refusals, sqlfiles
+from kombu_akadze.store import refusals, sqlfiles, wire
 from kombu_akadze.urls import mask_password
 
 if TYPE_CHECKING:
@@ -148,6 +148,7 @@ def connect_probed(
         for key, value in KEEPALIVE_DEFAULTS.items():
             params.setdefault(key, value)
     params.setdefault("application_name", f"akadze-{role}")
+    params["client_encoding"] = "UTF8"  # store.wire writes and reads text as UTF-8, whatever the database's
     params.setdefault("connect_timeout", str(max(1, int(connect_timeout))))
     conn = psycopg.connect(**params, autocommit=autocommit)
     kombu_json_setup(conn)
@@ -265,6 +266,8 @@ class Session:
         #: The last connection reached PostgreSQL through a pooler (see connect_probed).
         self.pooled = False
         self._conn: psycopg.Connection[Any] | None = None
+        #: The per-message statements prepared on that connection (store.wire).
+        self._prepared = wire.Prepared()
         self._lock = threading.RLock()
         #: time.monotonic() of the last statement (see close_if_idle).
         self.last_used = 0.0
@@ -324,11 +327,13 @@ class Session:
         if self._conn is not None:
             _INHERITED.append(self._conn)
         self._conn = None
+        self._prepared.forget()
         self._reset(forget=True)
         self._lock = threading.RLock()
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
+        self._prepared.forget()
         self._reset(forget=False)
         if conn is not None:
             with contextlib.suppress(psycopg.Error):  # closing a broken connection: nothing left to save
@@ -376,10 +381,34 @@ class Session:
     ) -> list[dict[str, Any]]:
         return self._execute(name, params, dict_row, fetch=fetch, prepare=prepare)
 
-    def _run_tuples(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        """As _run, rows as tuples: the publish path, where naming the columns of every row cost ~10 us
-        of a publish's ~110 us of client CPU."""
-        return self._execute(name, params, tuple_row, fetch=True, prepare=None)
+    def _prepared_name(self, conn: psycopg.Connection[Any], name: str, query: bytes) -> bytes | None:
+        """The server-side name of a store.wire statement on *conn*, prepared there if needed; None (send
+        it unnamed) when prepared statements are off or a pooler may run it on another server."""
+        if not self.prepared_statements or self.pooled:
+            return None
+        return self._prepared.name(conn, name, query)
+
+    def _run_direct(self, name: str, params: dict[str, Any]) -> list[tuple[bytes | None, ...]]:
+        """A per-message statement (a publish) through libpq directly (store.wire): its rows as raw text
+        values. Errors as _execute's; a wait cut short (a signal's exception) drops the connection, whose
+        statement may still be running."""
+        query, names = wire.positional(sqlfiles.render(name, schema=self.schema))
+        values, formats = wire.parameters(params, names)
+        with self._lock:
+            self._settle()
+            conn = self.connection()
+            try:
+                prepared = self._prepared_name(conn, name, query)
+                timeout = self.connect_timeout
+                wire.send(conn, query, values, formats, prepared=prepared, result_format=wire.TEXT, timeout=timeout)
+                return [row for result in wire.read_all(conn) for row in wire.text_rows(result, conn)]
+            except psycopg.Error as exc:
+                if conn.pgconn.status != psycopg.pq.ConnStatus.OK or is_transient(exc):
+                    self._drop()
+                raise translate(exc, name, self.schema) from exc
+            except BaseException:
+                self._drop()
+                raise
 
     def _execute(
         self, name: str, params: dict[str, Any] | None, rows: Any, *, fetch: bool, prepare: bool | None

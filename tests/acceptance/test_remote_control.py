@@ -33,6 +33,7 @@ from kombu import Exchange, Queue
 
 from examples import tasks
 from kombu_akadze.integrations.testing import eventually, fresh_schema, store_for
+from kombu_akadze.store import wire
 
 from .conftest import _WORKERS, CELERY, FAST_WORKER, ROOT, Cluster, Worker
 
@@ -430,21 +431,29 @@ def test_reply_and_event_queues_of_killed_clients_are_removed(rc: Trio, tmp_path
 
 @contextlib.contextmanager
 def statements() -> Iterator[list[str]]:
-    """Every statement this thread sends through psycopg meanwhile (one round trip each)."""
+    """Every statement this thread sends meanwhile (one round trip each): through psycopg's cursors, and
+    through libpq directly (store.wire: publishes, the event loop's ack+claim)."""
     sent: list[str] = []
     me = threading.get_ident()
-    original = psycopg.Cursor.execute
+    original, original_send = psycopg.Cursor.execute, wire.send
 
     def execute(self: psycopg.Cursor[Any], query: Any, *args: Any, **kwargs: Any) -> Any:
         if threading.get_ident() == me:
             sent.append(str(query.as_string(self) if hasattr(query, "as_string") else query).split("\n", 1)[0])
         return original(self, query, *args, **kwargs)
 
+    def send(conn: Any, query: bytes, *args: Any, **kwargs: Any) -> None:
+        if threading.get_ident() == me:
+            sent.append(query.decode().split("\n", 1)[0])
+        original_send(conn, query, *args, **kwargs)
+
     psycopg.Cursor.execute = execute  # type: ignore[method-assign]
+    wire.send = send
     try:
         yield sent
     finally:
         psycopg.Cursor.execute = original  # type: ignore[method-assign]
+        wire.send = original_send
 
 
 def test_a_publish_costs_one_round_trip_direct_or_fanout(rc: Trio, make_connection: Any) -> None:

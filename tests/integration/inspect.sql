@@ -163,3 +163,11 @@ CREATE DATABASE {database};
 -- name: database_drop
 -- Gone with its sessions.
 DROP DATABASE IF EXISTS {database} WITH (FORCE);
+
+-- name: prepared_names
+-- The names of the statements this session has prepared server-side.
+SELECT name FROM pg_prepared_statements ORDER BY name;
+
+-- name: message_expires_in
+-- Seconds from a message's creation to its expiry (NULL: it never expires), and its state.
+SELECT extract(epoch FROM expires_at - created_at)::float8 AS ttl, state FROM {schema}.messages WHERE id = %(id)s;
