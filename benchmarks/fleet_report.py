@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ class FleetResults:
         self.meta = meta
         self.fleet: list[dict[str, Any]] = []
         self.publish: dict[str, dict[int, list[float]]] = {v: {} for v in VARIANTS}
+        #: CPU microseconds per message, publishers' and server's: variant -> processes -> samples.
+        self.publish_cpu: dict[str, dict[int, list[tuple[float | None, float | None]]]] = {v: {} for v in VARIANTS}
         self.publish_errors: list[str] = []
         self.headroom: dict[str, Any] = {}
         self.errors: list[dict[str, Any]] = []
@@ -44,6 +47,13 @@ class FleetResults:
     def publish_median(self, variant: str, processes: int) -> float | None:
         samples = self.publish.get(variant, {}).get(processes)
         return statistics.median(samples) if samples else None
+
+    def publish_cpu_median(self, variant: str, processes: int) -> tuple[float | None, float | None]:
+        """Median CPU microseconds per message: (publishers, server)."""
+        samples = self.publish_cpu.get(variant, {}).get(processes, [])
+        client = [c for c, _ in samples if c is not None]
+        server = [s for _, s in samples if s is not None]
+        return (statistics.median(client) if client else None, statistics.median(server) if server else None)
 
     def publish_processes(self) -> list[int]:
         return sorted({p for by_p in self.publish.values() for p in by_p})
@@ -95,6 +105,7 @@ class FleetResults:
             "publish": {
                 "samples": {v: {str(p): s for p, s in by_p.items()} for v, by_p in self.publish.items()},
                 "median": {v: {str(p): self.publish_median(v, p) for p in by_p} for v, by_p in self.publish.items()},
+                "cpu_us": {v: {str(p): s for p, s in by_p.items()} for v, by_p in self.publish_cpu.items()},
                 "errors": self.publish_errors,
             },
             "headroom": self.headroom,
@@ -241,6 +252,24 @@ def _publish_md(results: FleetResults) -> list[str]:
             _x(results.publish_ratio("akadze", ref, p)) for ref in ("insert", "insert_notify", "rabbitmq_confirm")
         )
         out.append(f"| {p} | {cells} | {ratios} |")
+    out += [
+        "",
+        "CPU per message, microseconds: the publisher processes' own (client) and the server's processes over the "
+        "round (server: PostgreSQL's, or RabbitMQ's beam.smp). Every process shares this machine's "
+        f"{os.cpu_count()} cores, so {os.cpu_count()} x 1e6 / (client + server) bounds the rate where the "
+        "cores are saturated.",
+        "",
+        "| processes | " + " | ".join(TITLES[v] for v in VARIANTS) + " |",
+        "|---|" + "---|" * len(VARIANTS),
+    ]
+    for p in procs:
+        cells = []
+        for v in VARIANTS:
+            client, server = results.publish_cpu_median(v, p)
+            total = None if client is None or server is None else client + server
+            bound = (os.cpu_count() or 1) * 1e6 / total if total else None
+            cells.append(f"{_f(client, 0)} + {_f(server, 0)} = {_f(total, 0)} (bound {_f(bound, 0)}/s)")
+        out.append(f"| {p} | " + " | ".join(cells) + " |")
     return out
 
 

@@ -202,7 +202,10 @@ class FleetBench:
                     self.results.publish_errors += [f"{variant} x{processes}: {e}" for e in out["errors"]]
                     if out["running"] == processes:
                         self.results.publish[variant].setdefault(processes, []).append(out["msgs_per_s"])
-                    self.log(f"g  {variant} x{processes}: {out['msgs_per_s']:,.0f} msgs/s"
+                        cpu = (out.get("client_us"), out.get("server_us"))
+                        self.results.publish_cpu[variant].setdefault(processes, []).append(cpu)
+                    self.log(f"g  {variant} x{processes}: {out['msgs_per_s']:,.0f} msgs/s, CPU/msg client "
+                             f"{out.get('client_us') or 0:,.0f} us, server {out.get('server_us') or 0:,.0f} us"
                              + (f" ({len(out['errors'])} error(s))" if out["errors"] else ""))  # fmt: skip
 
     def _round(self, target: Any, processes: int) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import multiprocessing
+import os
 import queue as queue_module
 import time
 from collections.abc import Callable
@@ -31,6 +32,9 @@ TITLES = {
 }
 #: Seconds a process may take to import, connect and declare before the round starts without it.
 READY_TIMEOUT = 60.0
+#: The server processes (by /proc/<pid>/comm) whose CPU a variant's messages cost.
+SERVER_PROCESSES = {"rabbitmq_confirm": ("beam.smp",)}
+DEFAULT_SERVER_PROCESSES = ("postgres",)
 
 
 @dataclass(frozen=True)
@@ -87,8 +91,9 @@ def _kombu_sender(target: Target) -> tuple[Callable[[], None], Callable[[], None
     return send, conn.release
 
 
-def publisher(target: Target, seconds: float, ready: Any, go: Any, results: Any) -> None:
-    """One publisher process: connect, say ready, wait for the start, publish for *seconds*, report."""
+def publisher(target: Target, seconds: float, ready: Any, go: Any, results: Any, release: Any) -> None:
+    """One publisher process: connect, say ready, wait for the start, publish for *seconds*, report, and keep
+    the connection until released (its server process's CPU is read before it ends)."""
     try:
         send, close = _bare_sender(target) if target.variant.startswith("insert") else _kombu_sender(target)
     except Exception as exc:
@@ -100,24 +105,60 @@ def publisher(target: Target, seconds: float, ready: Any, go: Any, results: Any)
             results.put(("error", "never told to start"))
             return
         sent = 0
+        cpu = time.process_time()
         start = time.perf_counter()
         deadline = start + seconds
         while time.perf_counter() < deadline:
             send()
             sent += 1
-        results.put(("ok", sent, time.perf_counter() - start))
+        results.put(("ok", sent, time.perf_counter() - start, time.process_time() - cpu))
     except Exception as exc:
         results.put(("error", f"{type(exc).__name__}: {exc}"))
     finally:
+        release.wait(READY_TIMEOUT)
         with contextlib.suppress(Exception):
             close()
 
 
+def server_cpu(names: tuple[str, ...]) -> dict[int, float] | None:
+    """CPU seconds (user + system) of each live process named *names*, by pid, from /proc (Linux; the server
+    on this machine); None where /proc cannot tell."""
+    try:
+        pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
+    except OSError:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    found: dict[int, float] = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() not in names:
+                    continue
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            found[pid] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14 and 15 of stat)
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile, or not ours to read
+    return found
+
+
+def cpu_used(before: dict[int, float] | None, after: dict[int, float] | None) -> float | None:
+    """CPU seconds between two snapshots; a process that started meanwhile counts from zero."""
+    if before is None or after is None:
+        return None
+    return sum(used - before.get(pid, 0.0) for pid, used in after.items())
+
+
 def run_round(target: Target, *, processes: int, seconds: float) -> dict[str, Any]:
-    """msgs/s of *processes* publishers of one variant started together; errors are counted, not raised."""
+    """msgs/s of *processes* publishers of one variant started together, and the CPU each message cost the
+    publishers (client) and the server's processes (server), in microseconds; errors are counted, not raised.
+    The server's CPU is everything its processes used over the round (WAL writer and checkpointer too); the
+    publishers keep their connections until it is read, so their server processes are still there."""
     ctx = multiprocessing.get_context("spawn")  # no psycopg or AMQP socket inherited across fork
-    ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=publisher, args=(target, seconds, ready, go, results)) for _ in range(processes)]
+    ready, results, go, release = ctx.Queue(), ctx.Queue(), ctx.Event(), ctx.Event()
+    procs = [
+        ctx.Process(target=publisher, args=(target, seconds, ready, go, results, release)) for _ in range(processes)
+    ]
     errors: list[str] = []
     try:
         for p in procs:
@@ -134,8 +175,12 @@ def run_round(target: Target, *, processes: int, seconds: float) -> dict[str, An
                 started += 1
             else:
                 errors.append(problem)
+        names = SERVER_PROCESSES.get(target.variant, DEFAULT_SERVER_PROCESSES)
+        server_before = server_cpu(names)
         go.set()
         rates = []
+        sent = 0
+        client_cpu = 0.0
         for _ in range(started):
             try:
                 outcome = results.get(timeout=seconds + READY_TIMEOUT)
@@ -144,16 +189,25 @@ def run_round(target: Target, *, processes: int, seconds: float) -> dict[str, An
                 break
             if outcome[0] == "ok":
                 rates.append(outcome[1] / outcome[2])
+                sent += outcome[1]
+                client_cpu += outcome[3]
             else:
                 errors.append(outcome[1])
+        server_after = server_cpu(names)
     finally:
         go.set()
+        release.set()
         for p in procs:
             p.join(10)
             if p.is_alive():
                 p.kill()
                 p.join(5)
-    return {"msgs_per_s": sum(rates), "processes": processes, "running": len(rates), "errors": errors}
+    server = cpu_used(server_before, server_after)
+    return {
+        "msgs_per_s": sum(rates), "processes": processes, "running": len(rates), "errors": errors,
+        "client_us": client_cpu / sent * 1e6 if sent else None,
+        "server_us": server / sent * 1e6 if sent and server is not None else None,
+    }  # fmt: skip
 
 
 def targets(akadze: Any, rabbit_confirm: Any, *, dsn: str, run_id: str) -> dict[str, Target]:
