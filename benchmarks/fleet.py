@@ -84,6 +84,10 @@ class Fleet:
             found += [float(v) * 1000.0 for v in w.redis.lrange(w.key + "latency", 0, -1)]
         return sorted(found)
 
+    def forget_latencies(self) -> None:
+        for w in self.workers:
+            w.redis.delete(w.key + "latency")
+
     def log_problems(self) -> dict[str, Any]:
         """Connection errors (counted by worker) and the first error lines of the logs."""
         lines, workers_hit = [], 0
@@ -154,6 +158,20 @@ def trickle(app: Celery, queue: str, *, count: int, rate: float) -> float:
         return time.perf_counter() - start
 
 
+def warm_up(app: Celery, fleet: Fleet, queue: str, timeout: float = 30.0) -> float | None:
+    """One latency task before anything is measured, its latency kept apart (ms; None if it never ran): a
+    process's first send_task loads Celery's result backend (imports, entry points: ~27 ms of 29 ms, cProfile),
+    and the fleet run's producer is a new app for each fleet. That one-off made the run's first task its worst
+    (37 ms akadze, 6.6 ms RabbitMQ at 32 workers; whichever broker runs first pays the imports), and, with p99
+    of 150 being the second worst, half of the p99 figure."""
+    app.send_task(celeryapp.LATENCY, args=(time.time(),), queue=queue)
+    deadline = time.monotonic() + timeout
+    while not (found := fleet.latencies_ms()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    fleet.forget_latencies()
+    return found[0] if found else None
+
+
 def counter(pg: Pg | None) -> int:
     return pg.activity_counter(use_statements=False) if pg is not None else 0
 
@@ -185,6 +203,7 @@ def run_size(
             return out
         app = producer_app(broker, queue)
         stack.callback(app.close)
+        out["warmup_ms"] = warm_up(app, fleet, queue)
         time.sleep(SETTLE)
         if pg is not None:
             out["sessions"] = pg.client_sessions()

@@ -150,7 +150,8 @@ class FleetBench:
                 self.results.fleet.append(out or {"broker": broker.name, "size": size, "error": "failed"})
                 if out and "latency" in out:
                     lat, x = out["latency"], out.get("trickle_xacts", {})
-                    self.log(f"   p50 {lat.get('p50_ms', 0):.1f} ms, p99 {lat.get('p99_ms', 0):.1f} ms "
+                    self.log(f"   p50 {lat.get('p50_ms', 0):.1f} ms, p99 {lat.get('p99_ms', 0):.1f} ms, "
+                             f"first task {out.get('warmup_ms') or 0:.1f} ms "
                              f"({lat['count']} of {lat['sent']})"
                              + (f"; {x['per_task_raw']:.2f} transactions/task, {x['per_task_net']:.2f} net"
                                 if x else ""))  # fmt: skip
