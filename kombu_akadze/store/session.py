@@ -51,9 +51,11 @@ KEEPALIVE_DEFAULTS = {
 # cannot connect now), transaction rollback (deadlock, serialization), and a
 # read-only transaction (we reached a standby during failover), and the lock and
 # statement timeouts (55P03 lock_not_available, 57014 query_canceled): a lock held
-# elsewhere (a long REINDEX, an operator's LOCK TABLE) is outlived by a retry.
+# elsewhere (a long REINDEX, an operator's LOCK TABLE) is outlived by a retry. And 26000
+# invalid_sql_statement_name: a prepared statement the session lost (a DEALLOCATE ALL it did not
+# expect): the session is dropped, and the next one prepares again.
 _TRANSIENT_SQLSTATE_PREFIXES = ("08", "53", "57P", "40")
-_TRANSIENT_SQLSTATES = {"25006", "55P03", "57014"}
+_TRANSIENT_SQLSTATES = {"25006", "55P03", "57014", "26000"}
 
 # Connections inherited by a forked child: kept referenced so that garbage
 # collection never closes them, which would end the parent's sessions.
@@ -349,7 +351,12 @@ class Session:
             try:
                 with conn.transaction():
                     yield
-            except psycopg.Error as exc:
+            except BaseException as exc:
+                # psycopg ends a rolled-back transaction with DEALLOCATE ALL when it has prepared statements
+                # of its own: the store.wire ones went with them
+                self._prepared.forget()
+                if not isinstance(exc, psycopg.Error):
+                    raise
                 if conn.broken or is_transient(exc):
                     self._drop()
                 raise translate(exc, "transaction", self.schema) from exc
@@ -401,7 +408,14 @@ class Session:
                 prepared = self._prepared_name(conn, name, query)
                 timeout = self.connect_timeout
                 wire.send(conn, query, values, formats, prepared=prepared, result_format=wire.TEXT, timeout=timeout)
-                return [row for result in wire.read_all(conn) for row in wire.text_rows(result, conn)]
+                results = wire.read_all(conn)
+                if prepared is not None and wire.lost_prepared(results):
+                    # deallocated behind the registry's back (nothing ran): prepare it again, send it once more
+                    self._prepared.forget()
+                    prepared = self._prepared_name(conn, name, query)
+                    wire.send(conn, query, values, formats, prepared=prepared, result_format=wire.TEXT, timeout=timeout)
+                    results = wire.read_all(conn)
+                return [row for result in results for row in wire.text_rows(result, conn)]
             except psycopg.Error as exc:
                 if conn.pgconn.status != psycopg.pq.ConnStatus.OK or is_transient(exc):
                     self._drop()

@@ -96,6 +96,14 @@ def parameters(params: dict[str, Any], names: tuple[str, ...]) -> tuple[list[byt
     return values, formats
 
 
+def lost_prepared(results: list[pq.abc.PGresult]) -> bool:
+    """Whether the statement failed because its prepared statement is gone from the session (26000)."""
+    return any(
+        r.status == pq.ExecStatus.FATAL_ERROR and r.error_field(pq.DiagnosticField.SQLSTATE) == b"26000"
+        for r in results
+    )
+
+
 def check(result: pq.abc.PGresult, conn: psycopg.Connection[Any]) -> pq.abc.PGresult:
     """*result*, or its error raised as psycopg raises it (so the session translates it as any other)."""
     if result.status == pq.ExecStatus.FATAL_ERROR:

@@ -25,6 +25,11 @@ def loop_store(request: pytest.FixtureRequest, pg_url: str, schema: str) -> Iter
     s.close()
 
 
+def _abandon_a_transaction(store: Store) -> None:
+    with store.transaction():
+        raise ValueError("abandon the transaction")
+
+
 def _locked(pg_url: str, schema: str, store: Store) -> psycopg.Connection:
     """A session holding an ACCESS EXCLUSIVE lock on the messages table until it commits (after one
     claim on *store*, which prepares the statement: PREPARE itself would wait for the lock)."""
@@ -228,3 +233,44 @@ def test_headers_that_only_look_typed_stay_as_they_were(loop_store: Store, store
     outcome = loop_store.message_ack_claim_wait(30)
     assert outcome is not None
     assert [m.headers for m in outcome.claimed] == [headers]
+
+
+def test_a_claim_whose_statement_was_deallocated_fails_transiently_and_the_next_prepares_it_again(
+    loop_store: Store, store: Store
+) -> None:
+    """Injected: DEALLOCATE ALL on the claim session behind the store's back. 1 message in; the claim that
+    found its statement gone ran nothing (prepared: a transient error, the session dropped), the next one
+    prepares it again and claims the message: 0 lost."""
+    store.message_insert(NewMessage(queue="q", body=b"kept"))
+    loop_store.message_ack_claim_start(acks=[], queues=["other"], limits=[1], owner=OWNER)
+    assert loop_store.message_ack_claim_wait(30) == ([], set(), frozenset())
+    loop_store.connection().execute("DEALLOCATE ALL")
+    loop_store.message_ack_claim_start(acks=[], queues=["q"], limits=[1], owner=OWNER)
+    if loop_store.prepared_statements:
+        with pytest.raises(TransientDatabaseError, match="message_ack_claim"):
+            loop_store.message_ack_claim_wait(30)
+        assert store.message_counts() == {("q", "ready"): 1}
+        loop_store.message_ack_claim_start(acks=[], queues=["q"], limits=[1], owner=OWNER)
+    outcome = loop_store.message_ack_claim_wait(30)
+    assert outcome is not None
+    assert [m.body for m in outcome[0]] == [b"kept"]
+
+
+def test_a_rolled_back_transaction_on_the_claim_session_keeps_the_claim_prepared(
+    loop_store: Store, store: Store
+) -> None:
+    """psycopg ends a rolled-back transaction with DEALLOCATE ALL once it has prepared statements of its own;
+    the next claim prepares its statement again instead of failing."""
+    store.message_insert(NewMessage(queue="q", body=b"kept"))
+    loop_store.message_ack_claim_start(acks=[], queues=["other"], limits=[1], owner=OWNER)
+    assert loop_store.message_ack_claim_wait(30) == ([], set(), frozenset())
+    for _ in range(6):  # psycopg prepares a query of its own after its fifth run
+        loop_store.queue_size(name="q")
+    with pytest.raises(ValueError, match="abandon"):
+        _abandon_a_transaction(loop_store)
+    names = loop_store.connection().execute(SQL["prepared_names"]).fetchall()
+    assert ("akadze_ack_claim",) not in names, "the premise: it was deallocated"
+    loop_store.message_ack_claim_start(acks=[], queues=["q"], limits=[1], owner=OWNER)
+    outcome = loop_store.message_ack_claim_wait(30)
+    assert outcome is not None
+    assert [m.body for m in outcome[0]] == [b"kept"]

@@ -34,6 +34,13 @@ def _inspect(store: Store, name: str, **params: object) -> list[tuple[object, ..
         return cur.fetchall() if cur.description else []
 
 
+def abandon_a_transaction(store: Store) -> None:
+    """A transaction on the store's session that its caller abandons: psycopg rolls it back."""
+    with store.transaction():
+        store.queue_size(name="q")
+        raise ValueError("abandon the transaction")
+
+
 def test_every_field_of_a_publish_is_stored_as_given(publisher: Store, store: Store) -> None:
     when = datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)
     headers = {"eta": when, "id": uuid.UUID(int=9), "price": Decimal("1.10"), "text": "caf\u00e9 \"'\\", "n": [1, None]}
@@ -105,3 +112,27 @@ def test_a_publish_through_an_exchange_says_which_queues_got_a_copy(publisher: S
     queues, matched = publisher.message_route(NewMessage(queue="", body=b"m"), exchange="ex", routing_key="k")
     assert (sorted(queues), matched) == (sorted([AWKWARD, "other"]), 2)
     assert publisher.message_route(NewMessage(queue="", body=b"m"), exchange="ex", routing_key="nobody") == ([], 0)
+
+
+def test_a_rolled_back_transaction_on_the_session_keeps_publishes_working(publisher: Store) -> None:
+    """psycopg ends a rolled-back transaction with DEALLOCATE ALL once it has prepared statements of its own:
+    the publish statement goes with them, and the store prepares it again instead of failing."""
+    publisher.message_insert(NewMessage(queue="q", body=b"first"))
+    for _ in range(6):  # psycopg prepares a query of its own after its fifth run
+        publisher.queue_size(name="q")
+    with pytest.raises(ValueError, match="abandon"):
+        abandon_a_transaction(publisher)
+    assert ("akadze_message_insert",) not in _inspect(publisher, "prepared_names"), "the premise: it was deallocated"
+    pid = publisher.connection().info.backend_pid
+    assert publisher.message_insert(NewMessage(queue="q", body=b"after the rollback")) is not None
+    assert (("akadze_message_insert",) in _inspect(publisher, "prepared_names")) is publisher.prepared_statements
+    assert publisher.connection().info.backend_pid == pid
+
+
+def test_a_publish_whose_statement_was_deallocated_behind_its_back_prepares_it_again(publisher: Store) -> None:
+    publisher.message_insert(NewMessage(queue="q", body=b"first"))
+    publisher.connection().execute("DEALLOCATE ALL")
+    pid = publisher.connection().info.backend_pid
+    assert publisher.message_insert(NewMessage(queue="q", body=b"second")) is not None
+    assert publisher.connection().info.backend_pid == pid, "prepared again on the same session"
+    assert publisher.queue_size(name="q") == 2
