@@ -69,12 +69,10 @@ class LoopClaims(Session):
             conn = self.connection()
             query, names = wire.positional(sqlfiles.render("message_ack_claim", schema=self.schema))
             try:
-                values = [wire.text(params[n]) for n in names]
+                values, formats = wire.parameters(params, names)
                 prepared = self._prepared_name(conn, "ack_claim", query)
-                wire.send(
-                    conn, query, values, [wire.TEXT] * len(values),
-                    prepared=prepared, result_format=wire.BINARY, timeout=self.connect_timeout,
-                )  # fmt: skip
+                timeout = self.connect_timeout
+                wire.send(conn, query, values, formats, prepared=prepared, result_format=wire.BINARY, timeout=timeout)
             except psycopg.Error as exc:
                 self._drop()
                 raise translate(exc, "message_ack_claim", self.schema) from exc

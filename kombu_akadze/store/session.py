@@ -404,17 +404,18 @@ class Session:
         with self._lock:
             self._settle()
             conn = self.connection()
-            try:
+            def exchange() -> list[Any]:
                 prepared = self._prepared_name(conn, name, query)
                 timeout = self.connect_timeout
                 wire.send(conn, query, values, formats, prepared=prepared, result_format=wire.TEXT, timeout=timeout)
-                results = wire.read_all(conn)
-                if prepared is not None and wire.lost_prepared(results):
+                return wire.read_all(conn)
+
+            try:
+                results = exchange()
+                if wire.lost_prepared(results):
                     # deallocated behind the registry's back (nothing ran): prepare it again, send it once more
                     self._prepared.forget()
-                    prepared = self._prepared_name(conn, name, query)
-                    wire.send(conn, query, values, formats, prepared=prepared, result_format=wire.TEXT, timeout=timeout)
-                    results = wire.read_all(conn)
+                    results = exchange()
                 return [row for result in results for row in wire.text_rows(result, conn)]
             except psycopg.Error as exc:
                 if conn.pgconn.status != psycopg.pq.ConnStatus.OK or is_transient(exc):
