@@ -79,6 +79,12 @@ class HubDriver:
         #: cleared when a claim is sent, so acks alone cost no empty claims. A wake-up that arrives
         #: while a claim is in flight sets it again: that claim's snapshot may predate the message.
         self.maybe_ready = True
+        #: Wake-ups with ready=True so far, under _ready_lock with maybe_ready: the loop clears
+        #: maybe_ready only if none came since it decided to claim. A wake-up from the LISTEN thread
+        #: can land while the loop waits for a claim it sent (an idle loop waits where it sent it);
+        #: cleared after it unconditionally, that wake-up was lost until the heartbeat's report.
+        self._ready_lock = threading.Lock()
+        self._readies = 0
         self.claims = 0
 
     def start(self) -> None:
@@ -111,7 +117,9 @@ class HubDriver:
         """Write outcomes and (if anything may be ready) claim at the end of this tick; calls coalesce."""
         if ready:
             self.on_ready()
-            self.maybe_ready = True
+            with self._ready_lock:
+                self.maybe_ready = True
+                self._readies += 1
         if self._stopped:
             return
         if self.on_loop_thread():
@@ -148,16 +156,17 @@ class HubDriver:
             return
         if self._in_flight:
             return  # its completion wakes the loop; the acks meanwhile ride with the next claim
+        readies = self._readies  # before the decision: a wake-up from here on keeps maybe_ready set
         claim = self.maybe_ready and self.has_free_slot()
         started = self.claims_of.start_claim(claim=claim)
         if started is not None:
-            if claim:
-                self.maybe_ready = started  # nothing to claim: more only if some window was full
+            if claim and not started:
+                self._not_ready_since(readies)  # nothing to claim: more only if some window was full
             return
         self._in_flight = True
         if claim:
             self.claims += 1
-            self.maybe_ready = False
+            self._not_ready_since(readies)
         if self.claims_of.claim_done():  # it ran here (the loop was idle): deliver without another tick
             self._collect()
             # Deliver one and let the next turn see to the rest; from on_tick, leave it all to that turn.
@@ -208,7 +217,15 @@ class HubDriver:
             self.unwatch_claim()
             self._in_flight = False
             more = self.claims_of.finish_claim()  # raises a connection error: Celery reconnects
-            self.maybe_ready = self.maybe_ready or more
+            if more:
+                with self._ready_lock:
+                    self.maybe_ready = True
+
+    def _not_ready_since(self, readies: int) -> None:
+        """Clear maybe_ready, unless a wake-up came after the loop read *readies* (self._readies)."""
+        with self._ready_lock:
+            if self._readies == readies:
+                self.maybe_ready = False
 
     def _on_poll(self) -> None:
         self._timer = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -73,6 +74,10 @@ class Deliverer:
         self._may_have_more: set[Any] | None = None
         #: Wake-ups so far, and how many there had been when the claim in flight was planned: one that
         #: came meanwhile may be for a message that claim's snapshot missed, so it keeps every window open.
+        #: Wake-ups come from other threads too (LISTEN, the heartbeat's report): _lock keeps the count and
+        #: the set together, and the count is read before the plan looks at the set, so a wake-up that
+        #: lands while a round is planned counts as after it.
+        self._lock = threading.Lock()
         self._woken = 0
         self._planned_at = 0
 
@@ -100,8 +105,9 @@ class Deliverer:
 
     def anything_may_be_ready(self) -> None:
         """A wake-up, the heartbeat's report or the poll: every window may find something again."""
-        self._woken += 1
-        self._may_have_more = None
+        with self._lock:
+            self._woken += 1
+            self._may_have_more = None
 
     def buffered(self) -> int:
         return sum(len(c.claimed) for c in self.channels())
@@ -114,9 +120,9 @@ class Deliverer:
         at every claim of a busy worker, was claimed and parked on again inside each ack+claim."""
         for channel in self.channels():
             channel.qos.flush(("bury", "requeue"))
+        self._planned_at = self._woken
         plan = rounds.plan(self._windows(woken_only=woken_only), self._rotation)
         self._rotation += 1
-        self._planned_at = self._woken
         return plan
 
     def finish_round(self, plan: Round, claimed: list[ClaimedMessage]) -> tuple[int, bool]:
@@ -127,7 +133,8 @@ class Deliverer:
             cast("Channel", plan.owner_of[message.queue]).claimed.append(message)
             got[message.queue] = got.get(message.queue, 0) + 1
         owners = plan.more_for(got)
-        self._may_have_more = owners if self._woken == self._planned_at else None
+        with self._lock:
+            self._may_have_more = owners if self._woken == self._planned_at else None
         return len(claimed), bool(owners)
 
     def claim_round(self) -> tuple[int, bool]:

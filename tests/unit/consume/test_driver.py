@@ -87,6 +87,8 @@ class Statement:
         self.buffered: list[str] = []
         self.settled: list[float] = []
         self.n = 0
+        #: Run inside start_claim() once the statement is sent (what another thread does meanwhile).
+        self.during: Callable[[], None] = lambda: None
 
     def start_claim(self, *, claim: bool) -> bool | None:
         assert not self.in_flight, "a second claim while one is in flight"
@@ -94,6 +96,7 @@ class Statement:
         if not claim:
             return False  # no acks in this script: nothing to write, nothing sent
         self.in_flight, self.arrived = True, self.inline
+        self.during()
         return None
 
     def claim_fd(self) -> int | None:
@@ -249,6 +252,28 @@ def test_a_notify_that_arrives_during_a_claim_makes_the_next_round_claim_again()
     hub.fire(CLAIM_FD)
     assert statement.sent == [True, True], "the wake-up was lost: the message waits for the safety poll"
     assert delivered == []
+
+
+def test_a_notify_that_arrives_while_an_idle_loop_waits_for_its_claim_is_not_lost() -> None:
+    # An idle loop waits for its claim where it sent it (inline). The claim parked on the queue and
+    # committed; a publish right after that wakes this consumer, on the LISTEN thread, before the loop
+    # is back from the wait. Clearing maybe_ready after the claim unconditionally lost that wake-up:
+    # the message waited for the heartbeat's report (heartbeat_interval, 5 s by default).
+    driver, hub, _, statement, _ = rig()
+    statement.inline, statement.batch = True, 0  # the claim finds nothing and parks
+    woken = []
+
+    def publish_meanwhile() -> None:
+        if not woken:
+            woken.append(True)
+            other = threading.Thread(target=driver.wake, kwargs={"ready": True})
+            other.start()
+            other.join()
+
+    statement.during = publish_meanwhile
+    tick(driver, hub)  # the claim, then the turn the wake-up's pipe write makes
+    assert woken
+    assert statement.sent == [True, True], "the wake-up was lost: the message waits for the heartbeat"
 
 
 def test_an_empty_claim_that_filled_nothing_does_not_claim_again_until_woken() -> None:
