@@ -61,7 +61,7 @@ def plan_sql(schema: str) -> str:
     parts = [_sql("schema_create", schema), _sql("version_table_create", schema)]
     for migration in sqlfiles.migrations():
         parts.append(f"-- {migration.version:04d}_{migration.name}")
-        parts.append(migration.text.replace("{schema}", sqlfiles.quote_ident(schema)))
+        parts.append(sqlfiles.render_migration(migration.text, schema))
         # Names match [a-z0-9_]+ (sqlfiles checks), so inlining them as literals is safe.
         record = _sql("version_record", schema).replace("%(version)s", str(migration.version))
         parts.append(record.replace("%(name)s", f"'{migration.name}'") + ";")
@@ -84,7 +84,7 @@ def apply(dsn: str, schema: str, *, connect_timeout: float = 10.0) -> list[Migra
                         raise _too_new(schema, current, len(known))
                     if migration.version <= current:
                         continue
-                    conn.execute(migration.text.replace("{schema}", sqlfiles.quote_ident(schema)))
+                    conn.execute(sqlfiles.render_migration(migration.text, schema))
                     conn.execute(_sql("version_record", schema), {"version": migration.version, "name": migration.name})
                     applied.append(migration)
                     logger.info(

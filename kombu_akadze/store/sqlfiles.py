@@ -25,6 +25,12 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+def render_migration(text: str, schema: str) -> str:
+    """A migration for *schema*: ``{schema}`` as the quoted identifier, ``{schema_hex}`` as the hex digits
+    of its UTF-8 name (a literal that needs no quoting, for keys that must differ between schemas)."""
+    return text.replace("{schema_hex}", schema.encode("utf-8").hex()).replace("{schema}", quote_ident(schema))
+
+
 @cache
 def blocks(filename: str) -> dict[str, str]:
     """Every ``-- name: x`` block of one file under store/sql/, keyed by name."""

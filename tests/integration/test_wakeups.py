@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from kombu_akadze.integrations.testing import eventually
+from kombu_akadze.integrations.testing import eventually, fresh_schema, store_for
 from kombu_akadze.store import NewMessage, Store, sqlfiles, wake_channel
 from kombu_akadze.store.session import _LIVE_STORES
 
@@ -222,3 +222,27 @@ def test_over_several_queues_only_the_one_a_publish_is_committing_to_says_retry(
     second = store.message_ack_claim(acks=[], queues=["other", "q"], limits=[1, 1], owner="c", park=channel)
     assert ([m.body for m in second.claimed], second.retry) == ([b"racing"], frozenset())
     assert waiting(store) == [("other", "c")]
+
+
+def test_a_publish_in_another_schema_does_not_hold_back_this_schemas_consumers(pg_url: str, store: Store) -> None:
+    """Two deployments in one database (the schema option) that share a queue name: one's publish,
+    uncommitted, holds its queue's wake lock, and the other's consumer still parks on its own queue of
+    that name (the lock was keyed by the queue name alone: it said 'retry' and claimed again, 10 ms to
+    1 s later, for as long as the other kept publishing). Within one schema the lock still holds."""
+    with fresh_schema(pg_url) as other_schema:
+        other = store_for(pg_url, other_schema)
+        try:
+            channel = wake_channel(store.schema, "c")
+            with psycopg.connect(pg_url) as publisher:  # the other deployment's publish, not committed yet
+                other.message_insert_on(publisher, NewMessage(queue="celery", body=b"theirs"))
+                mine = store.message_ack_claim(acks=[], queues=["celery"], limits=[1], owner="c", park=channel)
+                assert (mine.claimed, mine.retry) == ([], frozenset())
+                assert waiting(store) == [("celery", "c")]
+                theirs = other.message_ack_claim(
+                    acks=[], queues=["celery"], limits=[1], owner="c", park=wake_channel(other_schema, "c")
+                )
+                assert (theirs.claimed, theirs.retry) == ([], frozenset({"celery"}))
+            late = other.message_ack_claim(acks=[], queues=["celery"], limits=[1], owner="c", park=None)
+            assert [m.body for m in late.claimed] == [b"theirs"]
+        finally:
+            other.close()
