@@ -83,3 +83,10 @@ def parked_listener(pg_url: str, schema: str) -> Iterator[Callable[..., Store]]:
     yield park
     for listener in made:
         listener.close()
+
+
+def abandon_a_transaction(store: Store) -> None:
+    """A transaction on the store's session that its caller abandons (ValueError): psycopg rolls it back,
+    with DEALLOCATE ALL once it has prepared statements of its own."""
+    with store.transaction():
+        raise ValueError("abandon the transaction")

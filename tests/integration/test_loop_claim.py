@@ -12,6 +12,7 @@ import pytest
 
 from kombu_akadze.errors import TransientDatabaseError
 from kombu_akadze.store import NewMessage, Store, sqlfiles
+from tests.conftest import abandon_a_transaction
 
 SQL = sqlfiles.parse_blocks(Path(__file__).with_name("inspect.sql").read_text())
 OWNER = "loop-consumer"
@@ -31,11 +32,6 @@ def _claim_bodies(store: Store, queue: str = "q") -> list[bytes]:
     outcome = store.message_ack_claim_wait(30)
     assert outcome is not None
     return [m.body for m in outcome[0]]
-
-
-def _abandon_a_transaction(store: Store) -> None:
-    with store.transaction():
-        raise ValueError("abandon the transaction")
 
 
 def _locked(pg_url: str, schema: str, store: Store) -> psycopg.Connection:
@@ -269,7 +265,7 @@ def test_a_rolled_back_transaction_on_the_claim_session_keeps_the_claim_prepared
     for _ in range(6):  # psycopg prepares a query of its own after its fifth run
         loop_store.queue_size(name="q")
     with pytest.raises(ValueError, match="abandon"):
-        _abandon_a_transaction(loop_store)
+        abandon_a_transaction(loop_store)
     names = loop_store.connection().execute(SQL["prepared_names"]).fetchall()
     assert ("akadze_ack_claim",) not in names, "the premise: it was deallocated"
     assert _claim_bodies(loop_store) == [b"kept"]

@@ -13,6 +13,7 @@ import pytest
 
 from kombu_akadze.errors import DatabaseError, TransientDatabaseError
 from kombu_akadze.store import NewMessage, Store, sqlfiles
+from tests.conftest import abandon_a_transaction
 
 SQL = sqlfiles.parse_blocks(Path(__file__).with_name("inspect.sql").read_text())
 OWNER = "wire-consumer"
@@ -32,13 +33,6 @@ def _inspect(store: Store, name: str, **params: object) -> list[tuple[object, ..
     with store.connection().cursor() as cur:
         cur.execute(query, params, prepare=False)
         return cur.fetchall() if cur.description else []
-
-
-def abandon_a_transaction(store: Store) -> None:
-    """A transaction on the store's session that its caller abandons: psycopg rolls it back."""
-    with store.transaction():
-        store.queue_size(name="q")
-        raise ValueError("abandon the transaction")
 
 
 def test_every_field_of_a_publish_is_stored_as_given(publisher: Store, store: Store) -> None:
