@@ -168,6 +168,10 @@ DROP DATABASE IF EXISTS {database} WITH (FORCE);
 -- The names of the statements this session has prepared server-side.
 SELECT name FROM pg_prepared_statements ORDER BY name;
 
+-- name: prepared_drop_all
+-- Forget every statement this session prepared, behind the store's back.
+DEALLOCATE ALL;
+
 -- name: message_expires_in
 -- Seconds from a message's creation to its expiry (NULL: it never expires), and its state.
 SELECT extract(epoch FROM expires_at - created_at)::float8 AS ttl, state FROM {schema}.messages WHERE id = %(id)s;

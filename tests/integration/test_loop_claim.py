@@ -245,7 +245,7 @@ def test_a_claim_whose_statement_was_deallocated_fails_transiently_and_the_next_
     store.message_insert(NewMessage(queue="q", body=b"kept"))
     loop_store.message_ack_claim_start(acks=[], queues=["other"], limits=[1], owner=OWNER)
     assert loop_store.message_ack_claim_wait(30) == ([], set(), frozenset())
-    loop_store.connection().execute("DEALLOCATE ALL")
+    loop_store.connection().execute(SQL["prepared_drop_all"])
     if loop_store.prepared_statements:
         loop_store.message_ack_claim_start(acks=[], queues=["q"], limits=[1], owner=OWNER)
         with pytest.raises(TransientDatabaseError, match="message_ack_claim"):

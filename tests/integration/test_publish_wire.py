@@ -125,7 +125,7 @@ def test_a_rolled_back_transaction_on_the_session_keeps_publishes_working(publis
 
 def test_a_publish_whose_statement_was_deallocated_behind_its_back_prepares_it_again(publisher: Store) -> None:
     publisher.message_insert(NewMessage(queue="q", body=b"first"))
-    publisher.connection().execute("DEALLOCATE ALL")
+    _inspect(publisher, "prepared_drop_all")
     pid = publisher.connection().info.backend_pid
     assert publisher.message_insert(NewMessage(queue="q", body=b"second")) is not None
     assert publisher.connection().info.backend_pid == pid, "prepared again on the same session"
