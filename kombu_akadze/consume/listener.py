@@ -103,7 +103,6 @@ class Listener:
             return None
         if self.armed:
             return self.fd
-        rearm = self.sessions > 0
         try:
             self.fd = self.store.listen_start(channel=self.channel)
             if self.hub is not None:
@@ -118,8 +117,10 @@ class Listener:
         self.sessions += 1
         if self.hub is not None:
             self.hub.send_all(relay.ARMED)
-        if rearm:
-            self.on_wakeup()
+        # Wake-ups may have been missed before LISTEN ran: after a lost session, and at the first arm
+        # too, which comes after the consumer has started (its first claim may have parked already, and
+        # a publish meanwhile notified nobody): the consumer claims, instead of waiting for its poll.
+        self.on_wakeup()
         return self.fd
 
     def _join(self) -> None:

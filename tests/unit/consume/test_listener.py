@@ -75,7 +75,7 @@ def test_a_wakeup_during_the_wait_is_handed_on_at_once_and_the_wait_goes_on() ->
     listener, session, woken = rig()
     listener.arm()
     assert listener.armed
-    assert woken == []  # the first LISTEN wakes nobody
+    woken.clear()  # the arm's own wake-up (test below)
     assert session.far is not None
     threading.Timer(0.05, session.far.send, args=(b"q1,",)).start()
     started = time.monotonic()
@@ -88,9 +88,22 @@ def test_a_wakeup_during_the_wait_is_handed_on_at_once_and_the_wait_goes_on() ->
     session.lose()
 
 
+def test_the_first_arm_wakes_the_consumer_for_what_was_published_before_listen_ran() -> None:
+    """The heartbeat's thread arms LISTEN after its first maintenance round, while the consumer has
+    already claimed and parked: a publish meanwhile notified a channel nobody listened on, and the
+    consumer, not armed, would wait for its poll (1 s) to find it."""
+    listener, session, woken = rig()
+    listener.arm()
+    assert listener.armed
+    assert len(woken) == 1
+    listener.close()
+    session.lose()
+
+
 def test_wakeups_read_by_the_heartbeats_statements_are_handed_on_at_the_next_wait() -> None:
     listener, session, woken = rig()
     listener.arm()
+    woken.clear()  # the arm's own
     session.read_elsewhere = ["q"]
     assert session.far is not None
     session.far.send(b"-")  # the socket has something, as it does after a statement read a NOTIFY
@@ -105,6 +118,7 @@ def test_a_lost_session_is_rearmed_at_the_next_wait_and_the_rearm_wakes_the_cons
     listener.arm()
     assert session.far is not None
     session.far.close()  # the server terminated the session
+    woken.clear()  # the first arm's
     listener.wait(0.05)
     assert not listener.armed
     assert woken == []
