@@ -234,7 +234,9 @@ def run_size(
         out["alive_after"] = fleet.alive()
         out["latency"] = {"count": len(values), "sent": tasks, "send_seconds": sent_secs}
         if values:
-            out["latency"].update(p50_ms=statistics.median(values), p99_ms=percentile(values, 99), max_ms=values[-1])
+            out["latency"].update(
+                p50_ms=statistics.median(values), p99_ms=percentile(values, 99), max_ms=values[-1], worst_ms=values[-5:]
+            )  # what p99 of a short trickle is made of
         out.update(fleet.log_problems())
     return out
 
