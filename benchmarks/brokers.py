@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,7 +69,11 @@ def make(names: list[str], run_id: str, ends: Endpoints) -> list[Broker]:
     pgmq_db = f"akadze_bench_{run_id}_pgmq"
     made = {
         "akadze": Broker(
-            "akadze", "akadze", f"akadze+{ends.pg}", {"schema": f"bench_{run_id}"}, schema=f"bench_{run_id}"
+            "akadze",
+            "akadze",
+            f"akadze+{ends.pg}",
+            {"schema": f"bench_{run_id}", **json.loads(os.environ.get("BENCH_AKADZE_OPTIONS", "{}"))},
+            schema=f"bench_{run_id}",
         ),
         "rabbitmq": Broker("rabbitmq", "amqp", ends.amqp, {}),
         "rabbitmq_confirm": Broker("rabbitmq_confirm", "amqp", ends.amqp, {"confirm_publish": True}),
