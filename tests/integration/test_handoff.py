@@ -7,8 +7,6 @@ without reading it, when it has no free slot for it, or when the notification wa
 from __future__ import annotations
 
 import contextlib
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,7 @@ from psycopg.types.json import Jsonb
 from kombu_akadze.integrations.testing import eventually
 from kombu_akadze.store import NewMessage, Store, handoff_message, is_handoff, sqlfiles, wake_channel
 from tests.conftest import store_for
+from tests.integration.test_transport import drain_until
 
 SQL = sqlfiles.parse_blocks(Path(__file__).with_name("inspect.sql").read_text())
 
@@ -172,15 +171,6 @@ def test_a_consumer_that_stops_gives_back_what_was_handed_to_it_unread(
             s.close()
 
 
-def _drain(conn: kombu.Connection, until: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not until():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not reached in {timeout:.0f} s: {what}")
-        with contextlib.suppress(TimeoutError):
-            conn.drain_events(timeout=0.25)
-
-
 def test_a_handoff_whose_notification_was_lost_is_given_back_by_the_reconcile(
     make_connection: Any, store: Store
 ) -> None:
@@ -196,7 +186,7 @@ def test_a_handoff_whose_notification_was_lost_is_given_back_by_the_reconcile(
     consumer.consume()
     producer = conn.Producer()
     producer.publish({"i": -1}, routing_key="handoff-lost", declare=[queue])
-    _drain(conn, lambda: len(got) == 1, 20, "the warm-up message")
+    drain_until(conn, lambda: len(got) == 1, 20)
     eventually(lambda: store.message_counts() == {}, timeout=20, what="the warm-up's ack written")
     owner = conn.transport.consumer_id
     run(store, "park_unheard", queue="handoff-lost", consumer=owner, slots=3)
@@ -206,7 +196,7 @@ def test_a_handoff_whose_notification_was_lost_is_given_back_by_the_reconcile(
         producer.publish({"i": i}, routing_key="handoff-lost")
     assert store.message_counts() == {("handoff-lost", "held"): sent}
 
-    _drain(conn, lambda: len(got) == 1 + sent, 60, "the three handed over and never heard of")
+    drain_until(conn, lambda: len(got) == 1 + sent, 60)
     payloads = [m.payload["i"] for m in got[1:]]
     completed, duplicated = len(set(payloads)), len(payloads) - len(set(payloads))
     print(f"injected: {sent} handoffs with lost notifications; in {sent}, completed {completed}, "
@@ -230,7 +220,7 @@ def test_a_handoff_to_a_consumer_with_no_free_slot_is_given_back_at_once(make_co
     consumer.consume()
     producer = conn.Producer()
     producer.publish({"i": 0}, routing_key="handoff-full", declare=[queue])
-    _drain(conn, lambda: len(got) == 1, 20, "the first message")
+    drain_until(conn, lambda: len(got) == 1, 20)
     listener = conn.transport.listener
     channel = conn.transport.lease.channel
     query = SQL["park_unheard"].replace("{schema}", sqlfiles.quote_ident(store.schema))
@@ -243,7 +233,7 @@ def test_a_handoff_to_a_consumer_with_no_free_slot_is_given_back_at_once(make_co
     eventually(lambda: listener.handoffs == 1, timeout=20, what="the handoff read")
     eventually(lambda: store.message_counts().get(("handoff-full", "ready")) == 1, timeout=20, what="given back")
     got[0].ack()
-    _drain(conn, lambda: len(got) == 2, 20, "the second message once the slot freed")
+    drain_until(conn, lambda: len(got) == 2, 20)
     assert got[1].payload == {"i": 1}
     # Given back as if never handed over: its first run, not a redelivery (RabbitMQ never delivers past
     # the prefetch window, so a task must not see one).
