@@ -4,7 +4,7 @@
 
 -- name: message_insert
 -- One message into a queue. A ready one goes to a consumer parked on its queue, if any (function
--- handoff_pick, migration 0018): in already held by that consumer, its notification carrying the
+-- handoff_pick, migrations 0018 and 0019): in already held by that consumer, its notification carrying the
 -- message; or, to a consumer that does not take handoffs or for a message too big for a
 -- notification, in ready with a wake-up naming the queue (migrations 0008, 0009). Nobody parked: no
 -- NOTIFY at all. Due later (delay, or a far ETA as not_before): state 'delayed', promoted when due.
@@ -27,10 +27,8 @@ WITH v AS (
     SELECT v.*, h.to_consumer, h.to_channel, COALESCE(h.handoff, false) AS handoff, h.still_parked
     FROM v
     LEFT JOIN LATERAL {schema}.handoff_pick(
-        %(queue)s,
-        {schema}.handoff_fits(%(queue)s, %(body)s, %(content_type)s, %(content_encoding)s,
-                              %(headers)s, %(properties)s),
-        v.sc IS NOT NULL AND v.room AND v.avail <= v.now_) AS h ON true
+        %(queue)s, v.sc IS NOT NULL AND v.room AND v.avail <= v.now_,
+        %(body)s, %(content_type)s, %(content_encoding)s, %(headers)s, %(properties)s) AS h ON true
 ), ins AS (
     INSERT INTO {schema}.messages
         (queue, priority, body, content_type, content_encoding, headers, properties,
@@ -81,10 +79,8 @@ WITH v AS (
     SELECT t.*, h.to_consumer, h.to_channel, COALESCE(h.handoff, false) AS handoff, h.still_parked
     FROM t
     LEFT JOIN LATERAL {schema}.handoff_pick(
-        t.queue,
-        {schema}.handoff_fits(t.queue, %(body)s, %(content_type)s, %(content_encoding)s,
-                              %(headers)s, %(properties)s),
-        t.sc IS NOT NULL AND t.room AND t.avail <= t.now_) AS h ON true
+        t.queue, t.sc IS NOT NULL AND t.room AND t.avail <= t.now_,
+        %(body)s, %(content_type)s, %(content_encoding)s, %(headers)s, %(properties)s) AS h ON true
 ), ins AS (
     INSERT INTO {schema}.messages
         (queue, priority, body, content_type, content_encoding, headers, properties,
