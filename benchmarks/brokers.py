@@ -63,6 +63,19 @@ class Broker:
         }
 
 
+def akadze_options() -> dict[str, Any]:
+    """Transport options for the akadze broker of a by-hand run (BENCH_AKADZE_OPTIONS, a JSON object), to
+    compare a setting side by side. The run's own schema always wins: its cleanup drops that schema."""
+    text = os.environ.get("BENCH_AKADZE_OPTIONS", "{}")
+    try:
+        options = json.loads(text)
+    except ValueError as exc:
+        raise SystemExit(f"BENCH_AKADZE_OPTIONS must be a JSON object of transport options: {exc}") from None
+    if not isinstance(options, dict):
+        raise SystemExit(f"BENCH_AKADZE_OPTIONS must be a JSON object of transport options, not {text!r}")
+    return options
+
+
 def make(names: list[str], run_id: str, ends: Endpoints) -> list[Broker]:
     """The brokers to compare, each isolated to this run (schema, key prefix, queue names)."""
     pg_host = ends.pg.split("://", 1)[1]
@@ -72,7 +85,7 @@ def make(names: list[str], run_id: str, ends: Endpoints) -> list[Broker]:
             "akadze",
             "akadze",
             f"akadze+{ends.pg}",
-            {"schema": f"bench_{run_id}", **json.loads(os.environ.get("BENCH_AKADZE_OPTIONS", "{}"))},
+            {**akadze_options(), "schema": f"bench_{run_id}"},
             schema=f"bench_{run_id}",
         ),
         "rabbitmq": Broker("rabbitmq", "amqp", ends.amqp, {}),
