@@ -224,7 +224,10 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"PostgreSQL's floor for enqueue -> claimed is {statistics.median(pg['claimed']):.2f} ms at p50, "
         f"{statistics.median(pg['claimed']) / statistics.median(rmq['delivered']):.2f}x RabbitMQ's "
-        f"enqueue -> delivered ({statistics.median(rmq['delivered']):.2f} ms).",
+        f"enqueue -> delivered ({statistics.median(rmq['delivered']):.2f} ms). A message handed over in its "
+        f"NOTIFY (akadze's handoff to a parked consumer, migration 0018) needs no claim: its floor is the "
+        f"notification read, {statistics.median(pg['woken']):.2f} ms, "
+        f"{statistics.median(pg['woken']) / statistics.median(rmq['delivered']):.2f}x.",
         "",
         "## What one NOTIFY costs the server per LISTENing session",
         "",

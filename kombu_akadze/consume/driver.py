@@ -26,10 +26,15 @@ class Claims(Protocol):
     def claim_done(self) -> bool: ...
     def finish_claim(self) -> bool: ...
     def settle_claim(self, timeout: float) -> None: ...
+    def acks_waiting(self) -> bool: ...
 
 
 #: How long a stop waits for the claim statement in flight, so what it claims goes back in place.
 SETTLE_TIMEOUT = 30.0
+
+#: After a handoff took a window's last parked slot: how long the window waits for an outcome to carry its
+#: claim (which parks it again) before it claims on its own.
+REPARK_DELAY = 0.005
 
 
 class HubDriver:
@@ -86,6 +91,10 @@ class HubDriver:
         self._ready_lock = threading.Lock()
         self._readies = 0
         self.claims = 0
+        #: A handoff took the last slot a window was parked with (see repark()); the timer that claims for
+        #: it if no outcome carries that claim first.
+        self._repark = False
+        self._repark_timer: Any = None
 
     def start(self) -> None:
         self._loop_thread = threading.get_ident()
@@ -104,10 +113,10 @@ class HubDriver:
         self._stopped = True
         self.hub.remove_reader(self.waker.fileno())
         self.hub.on_tick.discard(self._on_hub_tick)
-        for timer in (self._timer, self._soon):
+        for timer in (self._timer, self._soon, self._repark_timer):
             if timer is not None:
                 timer.cancel()
-        self._timer = self._soon = None
+        self._timer = self._soon = self._repark_timer = None
         self.unwatch_claim()
         if self._in_flight:
             self._in_flight = False
@@ -126,6 +135,20 @@ class HubDriver:
             self._tick_wanted = True
         else:
             self.waker.wake()
+
+    def repark(self) -> None:
+        """A handoff took the last slot a window was parked with (any thread): the window must claim to park
+        again. Not at once: the task just handed over acks in a moment (a fast one, before the next tick),
+        and its ack statement carries the claim, one statement instead of two; a task that takes longer
+        leaves the window unparked REPARK_DELAY s at most, then it claims on its own."""
+        self._repark = True
+        self.wake()
+
+    def _repark_due(self) -> None:
+        self._repark_timer = None
+        if self._repark:
+            self._repark = False
+            self.wake(ready=True)
 
     def _on_wake(self, *args: Any) -> None:
         self.waker.drain()
@@ -157,7 +180,7 @@ class HubDriver:
         if self._in_flight:
             return  # its completion wakes the loop; the acks meanwhile ride with the next claim
         readies = self._readies  # before the decision: a wake-up from here on keeps maybe_ready set
-        claim = self.maybe_ready and self.has_free_slot()
+        claim = self._claim_wanted()
         started = self.claims_of.start_claim(claim=claim)
         if started is not None:
             if claim and not started:
@@ -175,6 +198,21 @@ class HubDriver:
                 self.waker.wake()
         else:
             self._watch_claim()
+
+    def _claim_wanted(self) -> bool:
+        """Whether this tick's statement claims: something may be ready, or a window must park again and
+        acks are going out anyway (see repark()); and some window that may find more has a free slot."""
+        reparking = self._repark
+        if reparking and self._repark_timer is None and not self._stopped:
+            self._repark_timer = self.hub.call_later(REPARK_DELAY, self._repark_due)
+        want = self.maybe_ready or (reparking and self.claims_of.acks_waiting())
+        claim = want and self.has_free_slot()
+        if claim and reparking:
+            self._repark = False
+            if self._repark_timer is not None:
+                self._repark_timer.cancel()
+                self._repark_timer = None
+        return claim
 
     def claim_soon(self, delay: float) -> None:
         """Claim again in *delay* seconds (a claim could not park: no wake-up will come for what is being

@@ -22,6 +22,7 @@ from kombu_akadze import polling
 from kombu_akadze.consume import relay
 from kombu_akadze.consume.wakeups import Waker
 from kombu_akadze.errors import AkadzeError
+from kombu_akadze.store.records import ClaimedMessage, is_handoff, read_handoff
 
 logger = logging.getLogger("kombu_akadze")
 
@@ -51,6 +52,7 @@ class Listener:
         channel: str,
         enabled: bool,
         on_wakeup: Callable[[], None] = lambda: None,
+        on_handoff: Callable[[ClaimedMessage, bool], None] | None = None,
         relay_key: str | None = None,
     ) -> None:
         self.store = store
@@ -60,6 +62,10 @@ class Listener:
         #: Called on a wake-up, and when LISTEN is armed again after a lost session or relay (wake-ups
         #: may have been missed meanwhile): the consumer claims.
         self.on_wakeup = on_wakeup
+        #: Called with each message a publish handed over (already held by this consumer) and whether
+        #: the consumer is still parked (see store.read_handoff); None: it is treated as a wake-up, and
+        #: the reconcile gives it back.
+        self.on_handoff = on_handoff
         #: The relay's address (None: this consumer LISTENs on its own session).
         self.relay = relay.address(relay_key) if relay_key is not None and relay.supported() else None
         #: The session's socket while LISTEN runs on it (this consumer's own, or as the host's hub).
@@ -69,6 +75,8 @@ class Listener:
         #: The hub said LISTEN runs for us (a consumer linked to a hub).
         self._link_armed = False
         self.wakeups = 0
+        #: Messages handed over to this consumer so far.
+        self.handoffs = 0
         #: LISTEN sessions opened so far.
         self.sessions = 0
         #: Wake-ups this consumer relayed to others of its host, as their hub.
@@ -154,15 +162,33 @@ class Listener:
                 self.hub.send_all(relay.DISARMED)
             return 0
         own = 0
-        for channel, _queue in received:
+        for channel, payload in received:
             if channel == self.channel or self.hub is None:
-                own += 1
-            elif self.hub.send(channel, relay.WAKE):
+                if is_handoff(payload):
+                    self._handoff(payload)
+                else:
+                    own += 1
+            elif self.hub.hand(channel, payload) if is_handoff(payload) else self.hub.send(channel, relay.WAKE):
                 self.relayed += 1
         if own:
             self.wakeups += own
             self.on_wakeup()
         return own
+
+    def _handoff(self, payload: str | None) -> None:
+        """A message handed over to this consumer: to on_handoff. One that cannot be read (or with no one
+        to take it) is a wake-up: the consumer claims, and its reconcile gives the row back."""
+        try:
+            handoff = read_handoff(payload or "")
+        except ValueError as exc:
+            logger.warning("kombu-akadze: a handoff notification could not be read (%s); claiming instead", exc)
+            self.on_wakeup()
+            return
+        self.handoffs += 1
+        if self.on_handoff is None:
+            self.on_wakeup()
+        else:
+            self.on_handoff(handoff.message, handoff.parked)
 
     def wait(self, timeout: float) -> None:
         """Wait *timeout* seconds (the heartbeat's pause), handing on wake-ups as they come; returns early
@@ -219,21 +245,26 @@ class Listener:
 
     def _from_hub(self) -> None:
         assert self.link is not None
-        data = self.link.read()
-        if data is None:  # the hub went: claim (wake-ups may be lost), and take its place or find the next
+        events = self.link.read()
+        if events is None:  # the hub went: claim (wake-ups may be lost), and take its place or find the next
             self.link.close()
             self.link = None
             self._link_armed = False
             self.on_wakeup()
             self.arm()
             return
-        if relay.DISARMED in data:
-            self._link_armed = False
-        woken = data.count(relay.WAKE)
-        self.wakeups += woken
-        if relay.ARMED in data[data.rfind(relay.DISARMED) + 1 :]:
-            self._link_armed = True
-            woken += 1
+        woken = 0
+        for code, payload in events:
+            if code == relay.DISARMED:
+                self._link_armed = False
+            elif code == relay.ARMED:
+                self._link_armed = True
+                woken += 1
+            elif code == relay.WAKE:
+                self.wakeups += 1
+                woken += 1
+            elif code == relay.HANDOFF:
+                self._handoff(payload)
         if woken:
             self.on_wakeup()
 

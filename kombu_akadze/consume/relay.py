@@ -14,8 +14,14 @@ peer slow to read) costs delay up to the next heartbeat, which reports claimable
 
 The wire (bytes over a stream socket): a consumer sends ``L <channel>\\n`` once; the hub answers
 ``A`` once LISTEN runs for that channel (and again after its session was replaced: claim, wake-ups
-may have been missed), ``W`` for each wake-up, ``D`` while its LISTEN session is lost (poll).
-Both ends check that the other runs as the same user (SO_PEERCRED).
+may have been missed), ``W`` for each wake-up, ``D`` while its LISTEN session is lost (poll), and
+``H`` with a 4-byte big-endian length and that many bytes of payload for each message handed over
+(the notification's payload, see store.handoff_message). Both ends check that the other runs as the
+same user (SO_PEERCRED).
+
+A handoff is the message itself, already held by the consumer it is for: one the hub cannot pass on
+whole (the peer went, or its socket buffer is full) drops that peer, which links again and claims;
+the reconcile (lease_orphans) gives the message back, a delay, never a loss.
 
 Linux only (the abstract socket namespace, one per network namespace: containers that do not share
 the host's network have a hub each); elsewhere every consumer LISTENs for itself.
@@ -36,6 +42,10 @@ logger = logging.getLogger("kombu_akadze")
 ARMED = b"A"
 WAKE = b"W"
 DISARMED = b"D"
+HANDOFF = b"H"
+
+#: A handoff frame's length prefix.
+_LENGTH = 4
 
 #: Longest registration line a hub reads (channels are short digests, see store.wake_channel).
 _MAX_LINE = 256
@@ -155,6 +165,28 @@ class Hub:
             return False
         return True
 
+    def hand(self, channel: str, payload: str) -> bool:
+        """Pass a handoff on to the consumer waiting on *channel*, whole or not at all: False when none
+        does, or when it could not take the frame now (that peer is dropped: a frame cut short would
+        garble its stream)."""
+        peer = self._by_channel.get(channel)
+        if peer is None:
+            return False
+        data = payload.encode("utf-8")
+        frame = HANDOFF + len(data).to_bytes(_LENGTH, "big") + data
+        try:
+            sent = peer.sock.send(frame)
+        except OSError:  # BlockingIOError included: a peer that does not read
+            sent = -1
+        if sent != len(frame):
+            logger.warning(
+                "kombu-akadze relay: a consumer of this host did not take a handed-over message; dropping "
+                "its link (it links again; its reconcile gives the message back)"
+            )
+            self._drop(peer)
+            return False
+        return True
+
     def send_all(self, code: bytes) -> None:
         for channel in list(self._by_channel):
             self.send(channel, code)
@@ -183,6 +215,7 @@ class Link:
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
+        self._buf = b""
 
     @classmethod
     def connect(cls, addr: bytes, channel: str) -> Link | None:
@@ -204,15 +237,34 @@ class Link:
     def fileno(self) -> int:
         return self.sock.fileno()
 
-    def read(self) -> bytes | None:
-        """What the hub sent (ARMED, WAKE and DISARMED codes), b"" for nothing yet, None once it went."""
+    def read(self) -> list[tuple[bytes, str | None]] | None:
+        """What the hub sent, in order: (code, None) for ARMED, WAKE and DISARMED, (HANDOFF, payload) for a
+        handoff; [] for nothing yet (or part of a frame), None once the hub went."""
         try:
-            data = self.sock.recv(4096)
+            data = self.sock.recv(65536)
         except BlockingIOError:
-            return b""
+            return []
         except OSError:
             return None
-        return data or None
+        if not data:
+            return None
+        buf = self._buf + data
+        events: list[tuple[bytes, str | None]] = []
+        while buf:
+            code = buf[:1]
+            if code != HANDOFF:
+                events.append((code, None))
+                buf = buf[1:]
+                continue
+            if len(buf) < 1 + _LENGTH:
+                break
+            end = 1 + _LENGTH + int.from_bytes(buf[1 : 1 + _LENGTH], "big")
+            if len(buf) < end:
+                break
+            events.append((HANDOFF, buf[1 + _LENGTH : end].decode("utf-8", "replace")))
+            buf = buf[end:]
+        self._buf = buf
+        return events
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

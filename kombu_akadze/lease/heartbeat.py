@@ -65,6 +65,12 @@ class Heartbeat:
         self.pid = pid
         self.interval = interval
         self.ttl = ttl
+        #: How long a row held under our id and not tracked waits before the reconcile looks at it: a
+        #: handoff whose notification was lost (the LISTEN session went between the park and the publish)
+        #: comes back two beats after this, not after heartbeat_ttl. The two passes keep a notification
+        #: or a claim reply still on its way out of it (those take milliseconds, and no pass runs while a
+        #: claim is in flight).
+        self.orphan_age = min(ttl, 2 * interval)
         self.rescue_interval = rescue_interval
         self.max_attempts = max_attempts
         self.queues = queues
@@ -162,17 +168,17 @@ class Heartbeat:
             logger.warning("kombu-akadze heartbeat/maintenance of %s failed, will retry: %s", self.consumer_id, exc)
             return False
         self.unstranded += unstranded
-        maintenance.report_unstranded(unstranded, ttl=self.ttl)
+        maintenance.report_unstranded(unstranded, ttl=self.orphan_age)
         if counts is not None and self.vacuumer is not None:
             self.vacuumer.offer(counts.get("unvacuumed", 0))
         self._beat_landed(rescue=True)
         return True
 
     def _reconcile(self, tracked: Collection[int]) -> int:
-        """Rows held under our id for over ttl that the transport does not hold go back to ready, attempt
-        given back, once seen so at two passes in a row: a message moving between the transport's
+        """Rows held under our id for over orphan_age that the transport does not hold go back to ready,
+        attempt given back, once seen so at two passes in a row: a message moving between the transport's
         buffers as the ids were read is never mistaken for one nobody holds."""
-        seen = self.store.lease_orphans(consumer_id=self.consumer_id, tracked=tracked, ttl=self.ttl)
+        seen = self.store.lease_orphans(consumer_id=self.consumer_id, tracked=tracked, ttl=self.orphan_age)
         again = [(i, rc) for i, rc in seen.items() if self._orphans.get(i) == rc]
         released = self.store.message_release(again, owner=self.consumer_id) if again else set()
         self._orphans = {i: rc for i, rc in seen.items() if i not in released}

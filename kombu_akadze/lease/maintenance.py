@@ -64,7 +64,8 @@ def report_unstranded(count: int, *, ttl: float) -> None:
     if count:
         logger.warning(
             "kombu-akadze reconcile: %d message(s) held under this consumer's id for over %.0f s that it "
-            "never received (the reply of a claim that committed was lost) back to ready, attempt given back",
+            "never received (the reply of a claim that committed, or the notification of a handoff, was lost) back to "
+            "ready, attempt given back",
             count,
             ttl,
         )

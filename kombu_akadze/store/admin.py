@@ -212,7 +212,7 @@ class AdminQueries(Session):
                 raise translate(exc, "listen_stop", self.schema) from exc
 
     def listen_notifies(self) -> list[str]:
-        """The payloads (queue names) of listen_received's wake-ups."""
+        """The payloads of listen_received's notifications (a queue name, or a handoff)."""
         return [payload for _channel, payload in self.listen_received()]
 
     def listen_received(self) -> list[tuple[str, str]]:

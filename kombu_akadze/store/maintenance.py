@@ -29,8 +29,15 @@ class MaintenanceQueries(Session):
         )
         return Beat(leader=bool(rows[0]["leader"]), ready=tuple(rows[0]["ready"] or ()))
 
-    def consumer_delete(self, *, consumer_id: str) -> None:
-        self._run("consumer_delete", {"id": consumer_id}, fetch=False)
+    def consumer_unpark(self, *, consumer_id: str, queues: list[str] | None = None) -> None:
+        """No longer parked on *queues* (None: anywhere, before consumer_delete): no publish to them hands
+        this consumer a message."""
+        self._run("consumer_unpark", {"id": consumer_id, "queues": queues}, fetch=False)
+
+    def consumer_delete(self, *, consumer_id: str) -> int:
+        """Forget the consumer; what is still held under its id goes back to ready (see the query). How
+        many messages went back."""
+        return int(self._run("consumer_delete", {"id": consumer_id})[0]["released"])
 
     def consumer_delete_idle(self, *, consumer_id: str) -> bool:
         """Forget the consumer unless a message is held under its id; whether it went."""

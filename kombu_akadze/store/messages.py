@@ -119,6 +119,10 @@ class MessageQueries(Session):
     def message_release(self, tags: Iterable[Tag], *, owner: str) -> set[int]:
         return self._ids("message_release", tags, owner=owner)
 
+    def message_refuse(self, tags: Iterable[Tag], *, owner: str) -> set[int]:
+        """Give back handed-over messages never delivered: as message_release, the handed run undone too."""
+        return self._ids("message_refuse", tags, owner=owner)
+
     def message_bury(self, tags: Iterable[Tag], *, reason: str, owner: str) -> set[int]:
         return self._ids("message_bury", tags, reason=reason, owner=owner)
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -131,6 +134,51 @@ def claimed_messages(rows: list[dict[str, Any]]) -> list[ClaimedMessage]:
     ]
     claimed.sort(key=lambda m: (-m.priority, m.id))
     return claimed
+
+
+#: How a notification that hands a message over begins (function handoff_payload, migration 0018); any
+#: other payload is a wake-up naming a queue.
+HANDOFF_MARK = '{"akadze_handoff"'
+
+
+def is_handoff(payload: str) -> bool:
+    return payload.startswith(HANDOFF_MARK)
+
+
+class Handoff(NamedTuple):
+    """What a handoff notification says."""
+
+    #: The message, held already by the consumer it was sent to.
+    message: ClaimedMessage
+    #: That consumer is still parked on the queue (slots left); False: it parks again at its next claim.
+    parked: bool
+
+
+def handoff_message(payload: str) -> ClaimedMessage:
+    """The message a handoff notification carries (see read_handoff)."""
+    return read_handoff(payload).message
+
+
+def read_handoff(payload: str) -> Handoff:
+    """A handoff notification's message and whether its consumer is still parked. Raises ValueError for
+    a payload that is not one (is_handoff tells them apart first)."""
+    try:
+        d = json.loads(payload)
+        message = ClaimedMessage(
+            id=int(d["id"]),
+            queue=str(d["queue"]),
+            priority=int(d["priority"]),
+            body=base64.b64decode(d["body"]),
+            content_type=d["content_type"],
+            content_encoding=d["content_encoding"],
+            headers=d["headers"],
+            properties=d["properties"],
+            run_count=int(d["run_count"]),
+            attempts=int(d["attempts"]),
+        )
+        return Handoff(message, d["parked"] is True)
+    except (KeyError, TypeError, binascii.Error) as exc:
+        raise ValueError(f"not a handoff notification: {exc}") from exc
 
 
 def requeue_outcome(rows: list[dict[str, Any]]) -> Outcome:

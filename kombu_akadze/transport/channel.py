@@ -12,7 +12,7 @@ from kombu.exceptions import ConnectionError as KombuConnectionError
 from kombu.transport import virtual
 from kombu.utils import json as kombu_json
 
-from kombu_akadze.errors import MessageTooLargeError, QueueFullError
+from kombu_akadze.errors import AkadzeError, MessageTooLargeError, QueueFullError
 from kombu_akadze.store import ClaimedMessage, NewMessage, Store
 from kombu_akadze.transport.delivery import payload_of
 from kombu_akadze.transport.exchanges import ExchangeMixin, milliseconds
@@ -217,6 +217,19 @@ class Channel(ExchangeMixin, virtual.Channel):
             self.connection._callbacks[queue] = forget_then_deliver
         self.store.queue_touch(queues=[queue])
         self.connection.wake(ready=True)  # a new queue may hold messages already: claim for every window
+        return result
+
+    def basic_cancel(self, consumer_tag: str) -> Any:
+        """Stop consuming; a queue no channel of this connection consumes any more is no longer parked on
+        (a publish would hand its message to a consumer that gives it straight back)."""
+        queue = self._tag_to_queue.get(consumer_tag)
+        result = super().basic_cancel(consumer_tag)
+        transport = self.connection
+        if queue is not None and transport is not None and queue not in transport.consumed_queues():
+            try:
+                self.store.consumer_unpark(consumer_id=transport.consumer_id, queues=[queue])
+            except AkadzeError as exc:  # its next heartbeat unparks it
+                logger.info("kombu-akadze: could not unpark %r after its consumer was cancelled: %s", queue, exc)
         return result
 
     def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:

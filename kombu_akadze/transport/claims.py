@@ -114,6 +114,10 @@ class ClaimCycle:
             self._outcome = (False, exc)  # raised by finish_claim(), on the loop, like a late error
         return None
 
+    def acks_waiting(self) -> bool:
+        """Some ack is buffered, to be written with the next statement."""
+        return any(qos.outcomes.pending for qos in self.qoses())
+
     def claim_fd(self) -> int | None:
         """The socket of the claim in flight (readable: call claim_progress()); None when it is done."""
         if self._pending is None or self._outcome is not None:

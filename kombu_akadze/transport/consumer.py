@@ -18,7 +18,7 @@ from kombu_akadze.lease.compact import Compactor
 from kombu_akadze.lease.heartbeat import Heartbeat
 from kombu_akadze.lease.vacuum import Vacuumer
 from kombu_akadze.options import Options
-from kombu_akadze.store import Store, relay_key, wake_channel
+from kombu_akadze.store import ClaimedMessage, Store, relay_key, wake_channel
 
 logger = logging.getLogger("kombu_akadze")
 
@@ -43,6 +43,7 @@ class ConsumerLease:
         consumer_id: str,
         new_store: Callable[[str], Store],
         on_wakeup: Callable[[], None],
+        take: Callable[[ClaimedMessage, bool], bool],
         queues: Callable[[], list[str]],
         held: Callable[[], set[int]],
         holds_nothing: Callable[[], bool],
@@ -54,6 +55,7 @@ class ConsumerLease:
         self.consumer_id = consumer_id
         self._new_store = new_store
         self._on_wakeup = on_wakeup
+        self._take = take
         self._queues = queues
         self._held = held
         self._holds_nothing = holds_nothing
@@ -87,6 +89,7 @@ class ConsumerLease:
                 channel=self.channel,
                 enabled=opts.listen,
                 on_wakeup=self._on_wakeup,
+                on_handoff=lambda message, parked: self._handed(store, message, parked),
                 relay_key=relay_key(store.dsn, opts.schema) if opts.listen_relay else None,
             )
             heartbeat = Heartbeat(
@@ -115,6 +118,23 @@ class ConsumerLease:
                 raise
             self.heartbeat, self.listener = heartbeat, listener
             _BEATING.add(self)
+
+    def _handed(self, store: Store, message: ClaimedMessage, parked: bool) -> None:
+        """A message a publish handed over (on the heartbeat's thread): buffered for delivery if a channel
+        of this connection consumes its queue and has a free slot, else given back at once on the
+        heartbeat's session, as if never handed over (ready in place, run_count and attempt back)."""
+        if self._take(message, parked):
+            return
+        logger.debug("kombu-akadze: handed-over message %d has no free slot here: giving it back", message.id)
+        try:
+            store.message_refuse([message.tag], owner=self.consumer_id)
+            self._on_wakeup()  # claim once a slot frees: nobody else may be parked to take it
+        except AkadzeError as exc:
+            logger.warning(
+                "kombu-akadze: could not give back handed-over message %d (%s); the reconcile gives it back",
+                message.id,
+                exc,
+            )
 
     def park_channel(self) -> str | None:
         """The channel to park with when a claim comes back short: only for a connection that waits on
@@ -183,6 +203,7 @@ class ConsumerLease:
         finally:
             self._lock.release()
         try:  # on the heartbeat's own session, which stop() closes: the command session may be closed by now
+            heartbeat.store.consumer_unpark(consumer_id=self.consumer_id)
             heartbeat.store.consumer_delete(consumer_id=self.consumer_id)
         except AkadzeError as exc:
             logger.info("kombu-akadze: could not remove idle consumer %s: %s", self.consumer_id, exc)
@@ -216,6 +237,7 @@ class ConsumerLease:
             listener.close()
         try:
             if heartbeat.healthy():
+                heartbeat.store.consumer_unpark(consumer_id=self.consumer_id)
                 heartbeat.store.consumer_delete_idle(consumer_id=self.consumer_id)
         except AkadzeError as exc:
             logger.info("kombu-akadze: could not remove consumer %s at exit: %s", self.consumer_id, exc)
@@ -233,6 +255,7 @@ class ConsumerLease:
             listener.close()
         if heartbeat is not None:
             try:
+                store.consumer_unpark(consumer_id=self.consumer_id)
                 store.consumer_delete(consumer_id=self.consumer_id)
             except AkadzeError as exc:
                 logger.warning("kombu-akadze: could not remove consumer %s at close: %s", self.consumer_id, exc)

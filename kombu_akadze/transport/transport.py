@@ -169,6 +169,7 @@ class Transport(virtual.Transport):
             consumer_id=self.consumer_id,
             new_store=self._new_store,
             on_wakeup=lambda: self.wake(ready=True),
+            take=self._take_handoff,
             queues=self.consumed_queues,
             held=self._held_ids,
             holds_nothing=self._holds_nothing,
@@ -374,6 +375,35 @@ class Transport(virtual.Transport):
                 logger.debug("kombu-akadze: event route check on the heartbeat session failed: %s", exc)
         if self._draining or self._driver is None:
             self.flush_outcomes()
+
+    def _take_handoff(self, message: ClaimedMessage, parked: bool) -> bool:
+        """A message a publish handed over to this consumer (on the heartbeat's thread): buffered on the
+        channel that consumes its queue, for the loop to deliver as if claimed, while that channel has a
+        free slot. False: nobody here takes it now (the caller gives it back). A claim in flight as it
+        lands was planned without it: that round may fill the window with one more than the prefetch
+        count, as a message claimed the moment another is settled. No longer *parked* (the handoff took
+        its last slot): the loop's next round claims for that window, and so parks again (with the next
+        ack, in the same statement, when the window is full until then)."""
+        for channel in self._channels():
+            if channel.consuming() and message.queue in channel.consumed_queues():
+                if self.deliverer.free_slots(channel) <= 0:
+                    return False
+                channel.claimed.append(message)
+                if parked:
+                    self.wake()
+                else:
+                    self._repark()
+                return True
+        return False
+
+    def _repark(self) -> None:
+        """A handoff took this consumer's last parked slot of a window: claim for it soon (it parks again)."""
+        self.deliverer.anything_may_be_ready()
+        driver = self._driver
+        if driver is not None and driver.running:
+            driver.repark()
+        else:
+            self.waker.wake()  # drain_events claims at every turn
 
     def wake(self, *, ready: bool = False) -> None:
         """Make the consuming loop run now (and claim, if *ready*)."""

@@ -175,3 +175,10 @@ DEALLOCATE ALL;
 -- name: message_expires_in
 -- Seconds from a message's creation to its expiry (NULL: it never expires), and its state.
 SELECT extract(epoch FROM expires_at - created_at)::float8 AS ttl, state FROM {schema}.messages WHERE id = %(id)s;
+
+-- name: park_unheard
+-- A consumer parked with slots on a channel nobody LISTENs on: what a publish hands it is held under its
+-- id and the notification is lost (a LISTEN session or relay link gone between the park and the publish).
+INSERT INTO {schema}.waiting (queue, consumer, channel, slots)
+VALUES (%(queue)s, %(consumer)s, 'akadze.nobody-listens', %(slots)s)
+ON CONFLICT (queue, consumer) DO UPDATE SET channel = EXCLUDED.channel, slots = EXCLUDED.slots;

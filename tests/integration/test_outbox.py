@@ -17,7 +17,7 @@ from kombu import Exchange, Queue
 
 from kombu_akadze.integrations import outbox
 from kombu_akadze.integrations.testing import eventually
-from kombu_akadze.store import NewMessage, Store
+from kombu_akadze.store import NewMessage, Store, handoff_message
 
 ADD = "outbox_test.add"
 
@@ -132,8 +132,9 @@ def test_nothing_is_visible_or_notified_before_commit(
     assert store.message_counts() == {}
     assert listener.listen_notifies() == []
     conn.commit()
-    assert store.message_counts() == {("celery", "ready"): 1}
-    assert eventually(listener.listen_notifies, timeout=10, what="NOTIFY delivered at commit") == ["celery"]
+    assert store.message_counts() == {("celery", "held"): 1}  # handed over to the parked consumer
+    [payload] = eventually(listener.listen_notifies, timeout=10, what="NOTIFY delivered at commit")
+    assert handoff_message(payload).queue == "celery"
     listener.close()
 
 

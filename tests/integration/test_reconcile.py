@@ -43,6 +43,9 @@ def test_a_claim_whose_reply_was_lost_is_given_back_while_the_consumer_lives(
     heartbeat = conn.transport.heartbeat
     assert heartbeat is not None
 
+    # As into a busy consumer: not parked, so what is published waits ready (a parked one would have
+    # each message handed over, held under its id already).
+    store.consumer_unpark(consumer_id=conn.transport.consumer_id)
     sent = 6
     for i in range(sent):
         producer.publish({"i": i}, routing_key="strand")

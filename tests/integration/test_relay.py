@@ -1,6 +1,7 @@
 """The host's wake-up relay on a real server: of three consumers of one host, one session LISTENs, on all
-three channels; a publish to a queue one of the others is parked on wakes that one through the hub; and
-kombu consumers in one process share the hub as Celery workers on one host do."""
+three channels; a publish to a queue one of the others is parked on reaches that one through the hub (the
+message handed over, or a wake-up); and kombu consumers in one process share the hub as Celery workers on
+one host do."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from kombu_akadze.consume import relay
 from kombu_akadze.consume.listener import Listener
 from kombu_akadze.integrations.testing import eventually
-from kombu_akadze.store import NewMessage, Store, relay_key, sqlfiles, wake_channel
+from kombu_akadze.store import ClaimedMessage, NewMessage, Store, relay_key, sqlfiles, wake_channel
 from tests.conftest import store_for
 
 pytestmark = pytest.mark.skipif(not relay.supported(), reason="the wake-up relay needs Linux's abstract sockets")
@@ -30,11 +31,13 @@ class Consumer:
         self.name = name
         self.session = store_for(pg_url, schema)
         self.woken = 0
+        self.handed: list[ClaimedMessage] = []
         self.listener = Listener(
             self.session,
             channel=wake_channel(schema, name),
             enabled=True,
             on_wakeup=self._woke,
+            on_handoff=lambda message, _parked: self.handed.append(message),
             relay_key=relay_key(self.session.dsn, schema),
         )
         self.listener.arm()
@@ -84,15 +87,28 @@ def test_one_session_listens_for_the_host_and_relays_each_wakeup_to_its_consumer
         assert listening_channels(b.session) == []
         assert listening_channels(c.session) == []
 
-        # b parks on q, as a claim that came back empty parks it; a publish to q wakes b, and only b.
+        # b parks on q, as a claim that came back empty parks it; a publish to q hands b its message, through
+        # the hub, and nobody else hears of it.
         outcome = store.message_ack_claim(acks=[], queues=["q"], limits=[1], owner="b", park=b.listener.channel)
         assert outcome.claimed == []
         before = [x.woken for x in consumers]
-        store.message_insert(NewMessage(queue="q", body=b"one"))
+        store.message_insert(NewMessage(queue="q", body=b"one", headers={"h": "x" * 3000}))
+        eventually(lambda: b.handed, timeout=10, what="b handed its message through the hub")
+        [message] = b.handed
+        assert (message.queue, message.body, message.headers, message.run_count) == ("q", b"one", {"h": "x" * 3000}, 1)
+        row = store.message_get(message.id)
+        assert row is not None
+        assert (row["state"], row["owner"]) == ("held", "b")  # b's since the publish
+        assert [x.woken for x in consumers] == before
+        assert (hub.listener.relayed, b.listener.handoffs, b.listener.wakeups) == (1, 1, 0)
+        assert hub.handed == c.handed == []
+
+        # A batch publish wakes (it does not hand over): b, parked again, is woken through the hub.
+        store.message_ack_claim(acks=[message.tag], queues=["q"], limits=[1], owner="b", park=b.listener.channel)
+        store.message_insert_many([NewMessage(queue="q", body=b"two")])
         eventually(lambda: b.woken > before[1], timeout=10, what="b woken through the hub")
         assert (hub.woken, c.woken) == (before[0], before[2])
-        assert hub.listener.relayed == 1
-        assert b.listener.wakeups == 1
+        assert (hub.listener.relayed, b.listener.wakeups) == (2, 1)
     finally:
         for consumer in consumers:
             consumer.close()

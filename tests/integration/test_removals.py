@@ -80,6 +80,7 @@ def test_drop_head_never_drops_a_held_message(make_connection: Any, store: Store
     queue = Queue("ring-held", max_length=2)
     conn.Producer().publish({"n": 0}, routing_key="ring-held", declare=[queue])
     simple = conn.SimpleQueue(queue)
+    simple.consumer.qos(prefetch_count=1)  # full while it holds one: what is published next waits ready
     held = simple.get(timeout=10)  # the oldest, held
     for n in range(1, 6):
         conn.Producer().publish({"n": n}, routing_key="ring-held")
@@ -102,6 +103,7 @@ def test_a_purge_leaves_held_messages_with_their_consumers(make_connection: Any,
     queue = Queue("purged")
     conn.Producer().publish({"n": 0}, routing_key="purged", declare=[queue])
     simple = conn.SimpleQueue(queue)
+    simple.consumer.qos(prefetch_count=1)  # full while it holds one: what is published next waits ready
     held = simple.get(timeout=10)
     for n in range(1, 3):
         conn.Producer().publish({"n": n}, routing_key="purged")

@@ -1,6 +1,7 @@
-"""Wake-ups proportional to work: a ready message wakes one consumer parked on its queue, on that consumer's
-own channel; nobody parked (nobody consumes the queue, or every consumer is busy) means no NOTIFY at all;
-a consumer parking while a publish commits is never left asleep (function wake and claim_park)."""
+"""Wake-ups proportional to work: a ready message goes to one consumer parked on its queue, on that consumer's
+own channel (handed over, the message in the notification, or a wake-up naming the queue); nobody parked
+(nobody consumes the queue, or every consumer is busy) means no NOTIFY at all; a consumer parking while a
+publish commits is never left asleep (functions wake, handoff_pick and ack_claim)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import psycopg
 import pytest
 
 from kombu_akadze.integrations.testing import eventually, fresh_schema, store_for
-from kombu_akadze.store import NewMessage, Store, sqlfiles, wake_channel
+from kombu_akadze.store import NewMessage, Store, handoff_message, is_handoff, sqlfiles, wake_channel
 from kombu_akadze.store.session import _LIVE_STORES
 
 SQL = sqlfiles.parse_blocks(Path(__file__).with_name("inspect.sql").read_text())
@@ -33,10 +34,15 @@ def wake(store: Store, *queues: str) -> int:
 
 
 def heard(listener: Store, timeout: float = 0.0) -> list[str]:
-    """Wake-ups delivered to *listener*'s session: at once, or the first within *timeout* seconds."""
+    """Notifications delivered to *listener*'s session, at once or the first within *timeout* seconds: the
+    queue a wake-up names, or 'handoff:' and the queue of a message handed over."""
+
+    def read() -> list[str]:
+        return [f"handoff:{handoff_message(p).queue}" if is_handoff(p) else p for p in listener.listen_notifies()]
+
     if timeout:
-        return eventually(listener.listen_notifies, timeout=timeout, what="a wake-up")
-    return listener.listen_notifies()
+        return eventually(read, timeout=timeout, what="a wake-up")
+    return read()
 
 
 def test_a_publish_wakes_the_longest_parked_consumer_of_its_queue_and_nobody_else(
@@ -48,11 +54,12 @@ def test_a_publish_wakes_the_longest_parked_consumer_of_its_queue_and_nobody_els
 
     store.message_insert(NewMessage(queue="q", body=b"one"))
 
-    assert heard(parked[0], timeout=10) == ["q"]
+    assert heard(parked[0], timeout=10) == ["handoff:q"]
     assert waiting(store) == [("q", "c1"), ("q", "c2"), ("q", "c3"), ("r", "other")]
-    # The next publish wakes the next one; a batch of two wakes two more; nobody is woken twice.
+    # The next publish goes to the next one; a batch of two wakes two more (a batch wakes, it does not hand
+    # over); nobody is woken twice.
     store.message_insert(NewMessage(queue="q", body=b"two"))
-    assert heard(parked[1], timeout=10) == ["q"]
+    assert heard(parked[1], timeout=10) == ["handoff:q"]
     store.message_insert_many([NewMessage(queue="q", body=b"3"), NewMessage(queue="q", body=b"4")])
     assert heard(parked[2], timeout=10) == ["q"]
     assert heard(parked[3], timeout=10) == ["q"]
@@ -98,7 +105,7 @@ def test_a_publish_that_starts_while_a_consumer_parks_finds_it_parked(
     with psycopg.connect(pg_url) as publisher:
         store.message_insert_on(publisher, NewMessage(queue="q", body=b"later"))
         assert heard(listener) == []  # NOTIFY is delivered at commit
-    assert heard(listener, timeout=10) == ["q"]
+    assert heard(listener, timeout=10) == ["handoff:q"]
 
 
 def test_a_draining_kombu_consumer_is_woken_by_its_own_channel_long_before_its_safety_poll(
@@ -117,7 +124,8 @@ def test_a_draining_kombu_consumer_is_woken_by_its_own_channel_long_before_its_s
     assert not thread.is_alive(), "the parked consumer was not woken (its safety poll is 60-120 s away)"
     assert got[0].payload == {"n": 1}
     got[0].ack()
-    assert consumer.transport.listener.wakeups == 1
+    listener = consumer.transport.listener
+    assert (listener.handoffs, listener.wakeups) == (1, 0)  # handed over: no claim needed
     simple.close()
 
 
@@ -161,7 +169,7 @@ def test_wake_ups_read_while_the_session_runs_other_statements_are_kept(
     fd = parked.connection().fileno()
     eventually(lambda: select.select([fd], [], [], 0.05)[0], timeout=10, what="the NOTIFY on the socket")
     assert sum(parked.message_counts().values()) == 1  # another statement on the session reads the NOTIFY first
-    assert parked.listen_notifies() == ["shared"]
+    assert heard(parked) == ["handoff:shared"]
     assert parked.listen_notifies() == []
 
 

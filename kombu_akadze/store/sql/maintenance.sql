@@ -48,13 +48,35 @@ SELECT NOT EXISTS (
            AS ready,
        (SELECT count(*) FROM touched) AS queues, (SELECT count(*) FROM unparked) AS unparked;
 
+-- name: consumer_unpark
+-- A consumer about to stop (%(queues)s NULL), or that stopped consuming some
+-- queues, is no longer parked there: no publish hands it another message. A
+-- publish that picked it already holds the row lock this waits for, and commits
+-- its handoff first (consumer_delete gives it back; a consumer still running
+-- gives back what arrives for a queue it no longer consumes).
+DELETE FROM {schema}.waiting
+WHERE consumer = %(id)s AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]));
+
 -- name: consumer_delete
--- Forget a consumer that stopped cleanly (after it released what it held), and
--- where it was parked.
+-- Forget a consumer that stopped cleanly, after it released what it knew it held
+-- and unparked (consumer_unpark, a statement before, so this one's snapshot sees
+-- every handoff committed to it). Still held under its id: messages handed over
+-- (migration 0018) whose notification it never read. Those go back to ready in
+-- place, the attempt given back as message_release does, each waking a consumer.
 WITH unparked AS (
     DELETE FROM {schema}.waiting WHERE consumer = %(id)s RETURNING 1
+), released AS (
+    UPDATE {schema}.messages AS m
+    SET state = 'ready', owner = NULL, claimed_at = NULL, attempts = GREATEST(m.attempts - 1, 0)
+    WHERE m.state = 'held' AND m.owner = %(id)s
+    RETURNING m.queue
+), woken AS (
+    SELECT {schema}.wake(ARRAY(SELECT queue FROM released)) AS n FROM (SELECT count(*) FROM unparked) AS u
+), gone AS (
+    DELETE FROM {schema}.consumers WHERE id = %(id)s RETURNING 1
 )
-DELETE FROM {schema}.consumers WHERE id = %(id)s;
+SELECT (SELECT count(*) FROM released) AS released, (SELECT n FROM woken) AS woken,
+       (SELECT count(*) FROM gone) AS gone;
 
 -- name: consumer_delete_idle
 -- Forget a consumer whose process exits without closing its connection (a CLI
@@ -119,11 +141,13 @@ SELECT count(*) AS unparked FROM gone;
 
 -- name: lease_orphans
 -- Reconcile, detection half: rows held under this consumer's id, claimed more
--- than %(ttl)s s ago, that the transport does not hold (%(tracked)s: ids it has
--- claimed, delivered, or with an outcome still to write). The reply of a claim
--- that committed was lost (the connection dropped after the commit), so nobody
--- will deliver or settle them while this consumer lives. Seen at two passes in
--- a row, they are given back with message_release (fenced on the same run).
+-- than %(ttl)s s ago (two heartbeat intervals, at most heartbeat_ttl), that the
+-- transport does not hold (%(tracked)s: ids it has claimed, delivered, or with an
+-- outcome still to write). The reply of a claim that committed was lost (the
+-- connection dropped after the commit), or the notification of a handoff (the
+-- LISTEN session went between the park and the publish), so nobody will deliver
+-- or settle them while this consumer lives. Seen at two passes in a row, they are
+-- given back with message_release (fenced on the same run).
 SELECT m.id, m.run_count
 FROM {schema}.messages AS m
 WHERE m.state = 'held' AND m.owner = %(id)s

@@ -3,41 +3,56 @@
 -- NULL means the database's now().
 
 -- name: message_insert
--- One message into a queue; a ready one wakes one consumer parked on its queue,
--- if any (function wake, migrations 0008 and 0009: no NOTIFY when nobody waits).
--- Due later (delay, or a far ETA as not_before): state 'delayed', promoted when
--- due. TTL from the message or the queue, whichever is shorter. A queue at its
--- x-max-length with x-overflow=reject-publish takes nothing (no row returned);
--- only such a queue counts its messages (function queue_has_room, migration 0012:
--- an inline count was a subplan built at every publish). One CTE, and the wake in
--- the select list, called only for a ready row: every plan node is built per execution.
--- Unless %(durable)s (a transient message under transient_async), it commits without waiting
--- for the WAL flush: set_config in v, which the WHERE reads so that it runs first.
-WITH ins AS (
-    INSERT INTO {schema}.messages
-        (queue, priority, body, content_type, content_encoding, headers, properties,
-         state, available_at, expires_at)
-    SELECT %(queue)s, %(priority)s, %(body)s, %(content_type)s, %(content_encoding)s,
-           %(headers)s, %(properties)s,
-           CASE WHEN v.avail > v.now_ THEN 'delayed' ELSE 'ready' END, v.avail,
-           v.now_ + make_interval(secs => LEAST(%(ttl)s::float8, extract(epoch FROM q.message_ttl)::float8))
+-- One message into a queue. A ready one goes to a consumer parked on its queue, if any (function
+-- handoff_pick, migrations 0018 and 0019): in already held by that consumer, its notification carrying the
+-- message; or, to a consumer that does not take handoffs or for a message too big for a
+-- notification, in ready with a wake-up naming the queue (migrations 0008, 0009). Nobody parked: no
+-- NOTIFY at all. Due later (delay, or a far ETA as not_before): state 'delayed', promoted when due.
+-- TTL from the message or the queue, whichever is shorter. A queue at its x-max-length with
+-- x-overflow=reject-publish takes nothing (no row returned); only such a queue counts its messages
+-- (function queue_has_room, migration 0012: an inline count was a subplan built at every publish).
+-- Unless %(durable)s (a transient message under transient_async), it commits without waiting for the
+-- WAL flush: set_config in v, which the WHERE reads so that it runs first.
+WITH v AS (
+    SELECT x.now_, x.avail, x.sc, q.message_ttl,
+           (q.max_length IS NULL OR q.overflow <> 'reject-publish'
+            OR {schema}.queue_has_room(q.name, q.max_length)) AS room
     FROM (SELECT COALESCE(%(now)s::timestamptz, now()) AS now_,
                  GREATEST(COALESCE(%(now)s::timestamptz, now()) + make_interval(secs => %(delay)s),
                           COALESCE(%(not_before)s::timestamptz, '-infinity')) AS avail,
                  CASE WHEN NOT %(durable)s::boolean THEN set_config('synchronous_commit', 'off', true)
-                      ELSE '' END AS sc) AS v
+                      ELSE '' END AS sc) AS x
     LEFT JOIN {schema}.queues AS q ON q.name = %(queue)s
-    WHERE v.sc IS NOT NULL
-      AND (q.max_length IS NULL OR q.overflow <> 'reject-publish'
-           OR {schema}.queue_has_room(q.name, q.max_length))
-    RETURNING id, queue, state
+), p AS (
+    SELECT v.*, h.to_consumer, h.to_channel, COALESCE(h.handoff, false) AS handoff, h.still_parked
+    FROM v
+    LEFT JOIN LATERAL {schema}.handoff_pick(
+        %(queue)s, v.sc IS NOT NULL AND v.room AND v.avail <= v.now_,
+        %(body)s, %(content_type)s, %(content_encoding)s, %(headers)s, %(properties)s) AS h ON true
+), ins AS (
+    INSERT INTO {schema}.messages
+        (queue, priority, body, content_type, content_encoding, headers, properties,
+         state, available_at, expires_at, run_count, attempts, owner, claimed_at)
+    SELECT %(queue)s, %(priority)s, %(body)s, %(content_type)s, %(content_encoding)s,
+           %(headers)s, %(properties)s,
+           CASE WHEN p.avail > p.now_ THEN 'delayed' WHEN p.handoff THEN 'held' ELSE 'ready' END, p.avail,
+           p.now_ + make_interval(secs => LEAST(%(ttl)s::float8, extract(epoch FROM p.message_ttl)::float8)),
+           CASE WHEN p.handoff THEN 1 ELSE 0 END, CASE WHEN p.handoff THEN 1 ELSE 0 END,
+           CASE WHEN p.handoff THEN p.to_consumer END, CASE WHEN p.handoff THEN p.now_ END
+    FROM p
+    WHERE p.sc IS NOT NULL AND p.room
+    RETURNING *
 )
-SELECT ins.id, CASE WHEN ins.state = 'ready' THEN {schema}.wake(ARRAY[ins.queue]) END AS woken FROM ins;
+SELECT ins.id,
+       CASE WHEN p.handoff THEN pg_notify(p.to_channel, {schema}.handoff_payload(ROW(ins.*)::{schema}.messages, p.still_parked))
+            WHEN p.to_channel IS NOT NULL THEN pg_notify(p.to_channel, ins.queue) END AS woken
+FROM ins CROSS JOIN p;
 
 -- name: message_route
 -- Publish through an exchange in one round trip: a copy for every bound queue
--- that matches (direct: equal key, topic: pattern, fanout: all), each waking one parked consumer;
--- delay, TTL, x-max-length (queue_has_room) and durability as message_insert.
+-- that matches (direct: equal key, topic: pattern, fanout: all), each handed to (or waking) one
+-- consumer parked on its queue as message_insert; delay, TTL, x-max-length (queue_has_room) and
+-- durability as message_insert. Queues are picked in name order.
 WITH v AS (
     SELECT COALESCE(%(now)s::timestamptz, now()) AS now_,
            GREATEST(COALESCE(%(now)s::timestamptz, now()) + make_interval(secs => %(delay)s),
@@ -52,25 +67,40 @@ WITH v AS (
       AND (e.type = 'fanout'
            OR (e.type = 'direct' AND b.routing_key = %(routing_key)s)
            OR (e.type = 'topic' AND ('.' || %(routing_key)s) ~ b.pattern))
-), ins AS (
-    INSERT INTO {schema}.messages
-        (queue, priority, body, content_type, content_encoding, headers, properties,
-         state, available_at, expires_at)
-    SELECT t.queue, %(priority)s, %(body)s, %(content_type)s, %(content_encoding)s,
-           %(headers)s, %(properties)s,
-           CASE WHEN v.avail > v.now_ THEN 'delayed' ELSE 'ready' END, v.avail,
-           v.now_ + make_interval(secs => LEAST(%(ttl)s::float8, extract(epoch FROM q.message_ttl)::float8))
+), t AS (
+    SELECT t.queue, v.*, q.message_ttl,
+           (q.max_length IS NULL OR q.overflow <> 'reject-publish'
+            OR {schema}.queue_has_room(q.name, q.max_length)) AS room
     FROM targets AS t
     CROSS JOIN v
     LEFT JOIN {schema}.queues AS q ON q.name = t.queue
-    WHERE v.sc IS NOT NULL
-      AND (q.max_length IS NULL OR q.overflow <> 'reject-publish'
-           OR {schema}.queue_has_room(q.name, q.max_length))
-    RETURNING id, queue, state
-), woken AS (
-    SELECT {schema}.wake(ARRAY(SELECT queue FROM ins WHERE state = 'ready')) AS n
+    ORDER BY t.queue
+), p AS (
+    SELECT t.*, h.to_consumer, h.to_channel, COALESCE(h.handoff, false) AS handoff, h.still_parked
+    FROM t
+    LEFT JOIN LATERAL {schema}.handoff_pick(
+        t.queue, t.sc IS NOT NULL AND t.room AND t.avail <= t.now_,
+        %(body)s, %(content_type)s, %(content_encoding)s, %(headers)s, %(properties)s) AS h ON true
+), ins AS (
+    INSERT INTO {schema}.messages
+        (queue, priority, body, content_type, content_encoding, headers, properties,
+         state, available_at, expires_at, run_count, attempts, owner, claimed_at)
+    SELECT p.queue, %(priority)s, %(body)s, %(content_type)s, %(content_encoding)s,
+           %(headers)s, %(properties)s,
+           CASE WHEN p.avail > p.now_ THEN 'delayed' WHEN p.handoff THEN 'held' ELSE 'ready' END, p.avail,
+           p.now_ + make_interval(secs => LEAST(%(ttl)s::float8, extract(epoch FROM p.message_ttl)::float8)),
+           CASE WHEN p.handoff THEN 1 ELSE 0 END, CASE WHEN p.handoff THEN 1 ELSE 0 END,
+           CASE WHEN p.handoff THEN p.to_consumer END, CASE WHEN p.handoff THEN p.now_ END
+    FROM p
+    WHERE p.sc IS NOT NULL AND p.room
+    RETURNING *
+), sent AS (
+    SELECT ins.id, ins.queue,
+           CASE WHEN p.handoff THEN pg_notify(p.to_channel, {schema}.handoff_payload(ROW(ins.*)::{schema}.messages, p.still_parked))
+                WHEN p.to_channel IS NOT NULL THEN pg_notify(p.to_channel, ins.queue) END AS woken
+    FROM ins JOIN p ON p.queue = ins.queue
 )
-SELECT ins.id, ins.queue, (SELECT count(*) FROM targets) AS targets FROM ins CROSS JOIN woken
+SELECT sent.id, sent.queue, (SELECT count(*) FROM targets) AS targets FROM sent
 UNION ALL
 SELECT NULL, NULL, (SELECT count(*) FROM targets) WHERE NOT EXISTS (SELECT 1 FROM ins);
 
@@ -151,7 +181,8 @@ FROM {schema}.claim(%(queues)s::text[], %(limits)s::integer[], %(owner)s::text, 
 -- The hot path in one round trip: delete the runs this consumer finished
 -- (fenced on (id, run_count, owner), as message_ack) and claim the next messages (as
 -- message_claim); given a park channel (the consumer's wake-up channel) it parks on the
--- queues the claim came back short for (function ack_claim, migration 0011; the parking
+-- queues the claim came back short for, with the slots it has left there, which publishes
+-- then fill by handing messages over (function ack_claim, migrations 0011 and 0018; the parking
 -- protocol of claim_park, migration 0008). Rows come back by kind: 'claimed' messages,
 -- 'acked' ids, and 'retry' queues that could not be parked on (claim again at once).
 -- Unless %(durable)s, it commits without waiting for the WAL flush (or a synchronous
@@ -166,7 +197,8 @@ WITH relaxed AS (
 SELECT r.id, r.queue, r.priority, r.body, r.content_type, r.content_encoding,
        r.headers, r.properties, r.run_count, r.attempts, r.kind
 FROM {schema}.ack_claim(%(ack_ids)s::bigint[], %(ack_run_counts)s::integer[], %(owner)s::text,
-                        %(queues)s::text[], %(limits)s::integer[], %(now)s::timestamptz, %(park)s::text) AS r
+                        %(queues)s::text[], %(limits)s::integer[], %(now)s::timestamptz, %(park)s::text,
+                        true) AS r
 WHERE (SELECT sc FROM relaxed) IS NOT NULL;
 
 -- name: message_ack
@@ -193,6 +225,23 @@ WITH released AS (
     SELECT {schema}.wake(ARRAY(SELECT queue FROM released)) AS n
 )
 SELECT released.id FROM released CROSS JOIN woken;
+
+-- name: message_refuse
+-- A handed-over message its consumer does not take (no free slot, or no channel
+-- consuming its queue any more), given back as it arrives: ready in place, and the
+-- run it was handed as undone too (run_count and attempt back), since no task and
+-- no outcome ever saw that run. Fenced on (id, run_count, owner).
+WITH refused AS (
+    UPDATE {schema}.messages AS m
+    SET state = 'ready', owner = NULL, claimed_at = NULL,
+        attempts = GREATEST(m.attempts - 1, 0), run_count = m.run_count - 1
+    FROM unnest(%(ids)s::bigint[], %(run_counts)s::integer[]) AS t(id, run_count)
+    WHERE m.id = t.id AND m.run_count = t.run_count AND m.state = 'held' AND m.owner = %(owner)s
+    RETURNING m.id, m.queue
+), woken AS (
+    SELECT {schema}.wake(ARRAY(SELECT queue FROM refused)) AS n
+)
+SELECT refused.id FROM refused CROSS JOIN woken;
 
 -- name: message_requeue
 -- Abnormal end of a run (reject with requeue): the attempt stays spent; ready

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from kombu_akadze.consume.driver import HubDriver
+from kombu_akadze.consume.driver import REPARK_DELAY, HubDriver
 from kombu_akadze.consume.wakeups import Waker
 
 CLAIM_FD = 901
@@ -89,6 +89,11 @@ class Statement:
         self.n = 0
         #: Run inside start_claim() once the statement is sent (what another thread does meanwhile).
         self.during: Callable[[], None] = lambda: None
+        #: Whether an ack is buffered (what the next statement would write anyway).
+        self.acks = False
+
+    def acks_waiting(self) -> bool:
+        return self.acks
 
     def start_claim(self, *, claim: bool) -> bool | None:
         assert not self.in_flight, "a second claim while one is in flight"
@@ -358,3 +363,37 @@ def test_the_safety_poll_of_an_armed_driver_claims_nothing_and_of_a_polling_one_
     hub2.timers[-1].callback()
     tick(polling, hub2)
     assert statement2.sent[sent:].count(True) == 1
+
+
+def repark_from_another_thread(driver: HubDriver, hub: Hub) -> None:
+    """A handoff that took the window's last parked slot, read on the heartbeat's thread."""
+    other = threading.Thread(target=driver.repark)
+    other.start()
+    other.join()
+    hub.iterate(driver.waker)
+
+
+def test_a_handoff_that_unparks_a_window_claims_with_the_next_ack_in_one_statement() -> None:
+    driver, hub, _, statement, _ = rig()
+    claim_lands(driver, hub, statement)
+    sent = len(statement.sent)
+    repark_from_another_thread(driver, hub)
+    assert statement.sent[sent:] == [False]  # no ack yet: no claim of its own (the task acks in a moment)
+    [timer] = [t for t in hub.timers if t.delay == REPARK_DELAY]
+    statement.acks = True
+    driver.wake()  # the ack, on the loop thread
+    tick(driver, hub)
+    assert statement.sent[sent:] == [False, True]  # the ack's statement claims, and so parks again
+    assert timer.cancelled
+
+
+def test_a_handoff_that_unparks_a_window_claims_on_its_own_if_no_ack_comes_soon() -> None:
+    driver, hub, _, statement, _ = rig()
+    claim_lands(driver, hub, statement)
+    sent = len(statement.sent)
+    repark_from_another_thread(driver, hub)
+    [timer] = [t for t in hub.timers if t.delay == REPARK_DELAY]
+    assert statement.sent[sent:] == [False]
+    timer.callback()  # a long task: nothing acked within REPARK_DELAY
+    tick(driver, hub)
+    assert statement.sent[sent:] == [False, True]

@@ -156,3 +156,58 @@ def test_a_stranger_on_the_socket_is_dropped(host: list[Consumer]) -> None:
 def hub_key_address(consumer: Consumer) -> bytes:
     assert consumer.listener.relay is not None
     return consumer.listener.relay
+
+
+def test_a_link_reads_handoff_frames_whole_however_the_bytes_arrive() -> None:
+    near, far = socket.socketpair()
+    link = relay.Link(near)
+    near.setblocking(False)
+    payload = '{"akadze_handoff" : 1, "body" : "AWDH"}' + "é" * 3000  # code letters and multi-byte text inside
+    data = payload.encode()
+    frame = relay.HANDOFF + len(data).to_bytes(4, "big") + data
+    stream = relay.ARMED + frame + relay.WAKE + frame + relay.DISARMED
+    events: list[tuple[bytes, str | None]] = []
+    try:
+        for cut in range(0, len(stream), 997):  # frames split across reads, lengths included
+            far.sendall(stream[cut : cut + 997])
+            got = link.read()
+            assert got is not None
+            events += got
+        assert events == [
+            (relay.ARMED, None), (relay.HANDOFF, payload), (relay.WAKE, None), (relay.HANDOFF, payload),
+            (relay.DISARMED, None),
+        ]  # fmt: skip
+        assert link.read() == []  # nothing more yet
+        far.close()
+        assert link.read() is None  # the hub went
+    finally:
+        link.close()
+
+
+def test_a_hub_drops_a_peer_that_cannot_take_a_whole_handoff() -> None:
+    """A frame cut short would garble the peer's stream: a peer whose socket buffer is full is dropped
+    (it links again and claims; its reconcile gives the message back)."""
+    hub = relay.Hub.bind(relay.address(f"test\0{uuid.uuid4()}"))
+    assert hub is not None
+    link = relay.Link.connect(hub.sock.getsockname(), "akadze.p")
+    assert link is not None
+    try:
+        eventually(lambda: (hub.accept(), hub.peer_fds())[1], timeout=10, what="the peer accepted")
+        [fd] = hub.peer_fds()
+        eventually(lambda: hub.read(fd)[0] == "akadze.p", timeout=10, what="the peer registered")
+        assert hub.hand("akadze.p", "small") is True
+        assert link.read() == [(relay.HANDOFF, "small")]
+        big = "x" * 60000
+        sent = 0
+        while hub.hand("akadze.p", big):  # the peer does not read: its buffer fills
+            sent += 1
+            assert sent < 1000
+        assert hub.channels() == []  # dropped
+        assert hub.hand("akadze.p", "after") is False
+        received: list[tuple[bytes, str | None]] = []
+        while (got := link.read()) is not None:  # every whole frame it was sent, then the end
+            received += got
+        assert received == [(relay.HANDOFF, big)] * sent
+    finally:
+        link.close()
+        hub.close()
