@@ -53,6 +53,7 @@ class Listener:
         enabled: bool,
         on_wakeup: Callable[[], None] = lambda: None,
         on_handoff: Callable[[ClaimedMessage, bool], None] | None = None,
+        on_armed: Callable[[], None] = lambda: None,
         relay_key: str | None = None,
     ) -> None:
         self.store = store
@@ -66,6 +67,9 @@ class Listener:
         #: the consumer is still parked (see store.read_handoff); None: it is treated as a wake-up, and
         #: the reconcile gives it back.
         self.on_handoff = on_handoff
+        #: Called each time LISTEN runs for this consumer again (its own session, or the hub said so), after
+        #: on_wakeup: a handoff sent while it did not reached nobody, and is adopted (transport.consumer).
+        self.on_armed = on_armed
         #: The relay's address (None: this consumer LISTENs on its own session).
         self.relay = relay.address(relay_key) if relay_key is not None and relay.supported() else None
         #: The session's socket while LISTEN runs on it (this consumer's own, or as the host's hub).
@@ -129,6 +133,7 @@ class Listener:
         # too, which comes after the consumer has started (its first claim may have parked already, and
         # a publish meanwhile notified nobody): the consumer claims, instead of waiting for its poll.
         self.on_wakeup()
+        self.on_armed()
         return self.fd
 
     def _join(self) -> None:
@@ -253,13 +258,14 @@ class Listener:
             self.on_wakeup()
             self.arm()
             return
-        woken = 0
+        woken = armed = 0
         for code, payload in events:
             if code == relay.DISARMED:
                 self._link_armed = False
             elif code == relay.ARMED:
                 self._link_armed = True
                 woken += 1
+                armed += 1
             elif code == relay.WAKE:
                 self.wakeups += 1
                 woken += 1
@@ -267,6 +273,8 @@ class Listener:
                 self._handoff(payload)
         if woken:
             self.on_wakeup()
+        if armed and self._link_armed:
+            self.on_armed()
 
     def _unlisten(self, channel: str) -> None:
         if not self.armed:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from datetime import datetime
 
-from kombu_akadze.store.records import EXHAUSTED, Beat, Outcome, requeue_outcome
+from kombu_akadze.store.records import EXHAUSTED, Beat, ClaimedMessage, Outcome, claimed_messages, requeue_outcome
 from kombu_akadze.store.session import Session
 
 
@@ -70,6 +70,10 @@ class MaintenanceQueries(Session):
             "lease_orphans", {"id": consumer_id, "tracked": sorted(tracked), "ttl": float(ttl), "now": now}
         )
         return {int(r["id"]): int(r["run_count"]) for r in rows}
+
+    def lease_unseen(self, *, consumer_id: str, tracked: Collection[int]) -> list[ClaimedMessage]:
+        """Every row held under *consumer_id* that is not in *tracked*, as messages (see adoption)."""
+        return claimed_messages(self._run("lease_unseen", {"id": consumer_id, "tracked": sorted(tracked)}))
 
     def message_promote(self, *, now: datetime | None = None) -> int:
         return int(self._run("message_promote", {"now": now})[0]["promoted"])

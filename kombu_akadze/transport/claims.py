@@ -78,7 +78,7 @@ class ClaimCycle:
             self.lease.claim_ended()
         self._acks_written(taken, outcome.acked)
         self._note_retry(bool(outcome.retry))
-        return outcome.claimed
+        return self.lease.received(outcome.claimed)
 
     # -- the event loop's claims (see consume.driver.HubDriver) ---------------
 
@@ -168,7 +168,7 @@ class ClaimCycle:
             self._note_retry(bool(value.retry))
             if self.retry_delay is not None:
                 self.on_retry(self.retry_delay)
-        return self.deliverer.finish_round(plan, value.claimed)[1]
+        return self.deliverer.finish_round(plan, self.lease.received(value.claimed))[1]
 
     def settle_claim(self, timeout: float) -> None:
         """At stop: wait for a statement in flight and buffer its messages, so closing the channel gives

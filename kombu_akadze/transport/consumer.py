@@ -12,6 +12,7 @@ import weakref
 from collections.abc import Callable
 from multiprocessing import util as mp_util
 
+from kombu_akadze.consume.adoption import Adoption
 from kombu_akadze.consume.listener import Listener
 from kombu_akadze.errors import AkadzeError, TransientDatabaseError
 from kombu_akadze.lease.compact import Compactor
@@ -70,6 +71,11 @@ class ConsumerLease:
         self.listener: Listener | None = None
         #: Where publishers wake this consumer while it is parked on a queue (see store.wake_channel).
         self.channel = wake_channel(options.schema, consumer_id)
+        #: The runs this consumer received, for adopting those it never did after a re-arm.
+        self.adoption = Adoption()
+        #: It parked at least once: a publish may have handed it a message (only then is there anything
+        #: to adopt when its LISTEN is armed again).
+        self._parked = False
 
     def ensure(self) -> None:
         """Register this connection as a consumer and start its heartbeat (raises if the database refuses)."""
@@ -90,6 +96,7 @@ class ConsumerLease:
                 enabled=opts.listen,
                 on_wakeup=self._on_wakeup,
                 on_handoff=lambda message, parked: self._handed(store, message, parked),
+                on_armed=lambda: self._adopt(store),
                 relay_key=relay_key(store.dsn, opts.schema) if opts.listen_relay else None,
             )
             heartbeat = Heartbeat(
@@ -122,7 +129,11 @@ class ConsumerLease:
     def _handed(self, store: Store, message: ClaimedMessage, parked: bool) -> None:
         """A message a publish handed over (on the heartbeat's thread): buffered for delivery if a channel
         of this connection consumes its queue and has a free slot, else given back at once on the
-        heartbeat's session, as if never handed over (ready in place, run_count and attempt back)."""
+        heartbeat's session, as if never handed over (ready in place, run_count and attempt back). One whose
+        run was adopted already (its notification read after the adoption's query) is dropped."""
+        if not self.adoption.handed(message):
+            logger.debug("kombu-akadze: handed-over message %d was adopted already", message.id)
+            return
         if self._take(message, parked):
             return
         logger.debug("kombu-akadze: handed-over message %d has no free slot here: giving it back", message.id)
@@ -136,15 +147,53 @@ class ConsumerLease:
                 exc,
             )
 
+    def _adopt(self, store: Store) -> None:
+        """LISTEN runs for this consumer again (on the heartbeat's thread): the rows held under its id that
+        it never received were handed over while it did not (their notifications reached nobody), and are
+        delivered now as handed over; with no free slot, or no channel consuming the queue any more, given
+        back in place (message_release: a run whose claim raced this query keeps its number, so its late
+        reply is told apart). What cannot be asked now is left to the reconcile."""
+        if not self._parked:
+            return
+        try:
+            held = self._held()
+        except RuntimeError:  # a buffer moved as it was read: the reconcile covers this pass
+            return
+        try:
+            found = store.lease_unseen(consumer_id=self.consumer_id, tracked=held)
+        except AkadzeError as exc:
+            logger.info("kombu-akadze: could not look for unread handoffs after re-arming LISTEN: %s", exc)
+            return
+        adopted = self.adoption.unseen(found)
+        if not adopted:
+            return
+        logger.info("kombu-akadze: %d message(s) handed over while LISTEN was re-armed, delivered now", len(adopted))
+        refused = [m.tag for m in adopted if not self._take(m, True)]
+        if refused:
+            try:
+                store.message_release(refused, owner=self.consumer_id)
+                self._on_wakeup()
+            except AkadzeError as exc:
+                logger.warning(
+                    "kombu-akadze: could not give back %d adopted message(s) (%s); the reconcile gives them back",
+                    len(refused),
+                    exc,
+                )
+
+    def received(self, messages: list[ClaimedMessage]) -> list[ClaimedMessage]:
+        """A claim's messages as the transport should buffer them: less any an adoption delivered first."""
+        return self.adoption.claimed(messages)
+
     def park_channel(self) -> str | None:
         """The channel to park with when a claim comes back short: only for a connection that waits on
         its LISTEN session (an event loop, or drain_events) and while that session is armed. A client
         that only gets (basic_get), or polls without LISTEN, must not park: its rows would take the
         wake-ups meant for consumers that wait for them."""
         listener = self.listener
-        if listener is None or not self._listening():
+        if listener is None or not self._listening() or not listener.armed:
             return None
-        return self.channel if listener.armed else None
+        self._parked = True
+        return self.channel
 
     def may_claim(self) -> bool:
         """Whether a claim may run: the lease is registered and its last heartbeat is younger than the

@@ -182,3 +182,7 @@ SELECT extract(epoch FROM expires_at - created_at)::float8 AS ttl, state FROM {s
 INSERT INTO {schema}.waiting (queue, consumer, channel, slots)
 VALUES (%(queue)s, %(consumer)s, 'akadze.nobody-listens', %(slots)s)
 ON CONFLICT (queue, consumer) DO UPDATE SET channel = EXCLUDED.channel, slots = EXCLUDED.slots;
+
+-- name: terminate_pid
+-- End one backend (a session the test found the pid of); whether it was signalled.
+SELECT pg_terminate_backend(%(pid)s);

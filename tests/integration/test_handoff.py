@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import kombu
+import pytest
 from kombu import Queue
 from psycopg.types.json import Jsonb
 
+from kombu_akadze.consume import relay
 from kombu_akadze.integrations.testing import eventually
 from kombu_akadze.store import NewMessage, Store, handoff_message, is_handoff, sqlfiles, wake_channel
 from tests.conftest import store_for
@@ -206,6 +208,87 @@ def test_a_handoff_whose_notification_was_lost_is_given_back_by_the_reconcile(
     assert [m.delivery_info["akadze_attempt"] for m in got[1:]] == [1, 1, 1]
     eventually(lambda: store.message_counts() == {}, timeout=20, what="every ack written")
     consumer.cancel()
+
+
+#: Beats far apart, so that neither the reconcile (two passes over rows two intervals old) nor the poll can
+#: explain a delivery within the tests' deadlines below: only the adoption at the re-arm can.
+SLOW_BEATS = {"heartbeat_interval": 2.0, "heartbeat_ttl": 60.0, "rescue_interval": 60.0, "poll_interval": 60.0}
+
+
+def unheard_handoffs(conn: kombu.Connection, store: Store, queue: str, sent: int) -> kombu.Producer:
+    """Park *conn*'s consumer on *queue* on a channel nobody LISTENs on, as if its LISTEN path had just gone,
+    and publish *sent* messages: each held under its id, each notification lost."""
+    run(store, "park_unheard", queue=queue, consumer=conn.transport.consumer_id, slots=sent)
+    producer = conn.Producer()
+    for i in range(sent):
+        producer.publish({"i": i}, routing_key=queue)
+    assert store.message_counts() == {(queue, "held"): sent}
+    return producer
+
+
+def delivered_as_handed(got: list[kombu.Message], sent: int, injected: str) -> None:
+    payloads = [m.payload["i"] for m in got]
+    completed, duplicated = len(set(payloads)), len(payloads) - len(set(payloads))
+    print(f"injected: {injected}; in {sent}, completed {completed}, duplicated {duplicated}, lost {sent - completed}")
+    assert (completed, duplicated) == (sent, 0)
+    # Adopted, not given back by the reconcile and claimed again: the run they were handed as, the first.
+    assert [(m.delivery_info["redelivered"], m.delivery_info["akadze_attempt"]) for m in got] == [(False, 1)] * sent
+
+
+def test_handoffs_sent_while_the_listen_session_was_replaced_are_adopted_at_the_re_arm(
+    make_connection: Any, store: Store
+) -> None:
+    """Injected: two handoffs whose notifications were lost, then the consumer's LISTEN session (its
+    heartbeat's) terminated. When the heartbeat re-arms LISTEN on a new session it finds the two rows held
+    under its id that it never received and delivers them, at the next beat (2 s here); the reconcile could
+    not give them back before two passes over rows 4 s old."""
+    conn = make_connection(listen_relay=False, **SLOW_BEATS)
+    queue = Queue("adopt-session")
+    got: list[kombu.Message] = []
+    consumer = conn.Consumer([queue], callbacks=[lambda body, msg: (got.append(msg), msg.ack())], accept=["json"])
+    consumer.consume()
+    with contextlib.suppress(TimeoutError):
+        conn.drain_events(timeout=0.5)  # its claim finds nothing: parked
+    listener = conn.transport.listener
+    assert (listener.role, listener.sessions) == ("own", 1)
+    unheard_handoffs(conn, store, "adopt-session", 2)
+    session = conn.transport.heartbeat.store._conn  # the heartbeat thread's session, which LISTENs
+    assert session is not None
+    ended = run(store, "terminate_pid", pid=session.info.backend_pid)
+    assert ended == [(True,)]
+
+    drain_until(conn, lambda: len(got) == 2, 20)
+    delivered_as_handed(got, 2, "2 handoffs unheard, then the LISTEN session terminated")
+    assert listener.sessions == 2
+    assert conn.transport.lease.adoption.count == 2
+    eventually(lambda: store.message_counts() == {}, timeout=20, what="every ack written")
+    consumer.cancel()
+
+
+@pytest.mark.skipif(not relay.supported(), reason="the wake-up relay needs Linux's abstract sockets")
+def test_handoffs_relayed_by_a_hub_that_went_are_adopted_once_linked_again(make_connection: Any, store: Store) -> None:
+    """Injected: two handoffs to a consumer linked to its host's hub, their notifications lost, then the hub's
+    connection closed. The linked consumer takes the hub's place (or links to the next), and once LISTEN
+    runs for it again it delivers the two rows held under its id; the reconcile could not yet."""
+    hub_conn, conn = make_connection(**SLOW_BEATS), make_connection(**SLOW_BEATS)
+    for c, name in ((hub_conn, "adopt-hub-first"), (conn, "adopt-linked")):
+        with pytest.raises(c.SimpleQueue(name).Empty):
+            c.SimpleQueue(name).get(timeout=0.5)  # claims once, finds nothing, parks
+    assert (hub_conn.transport.listener.role, conn.transport.listener.role) == ("hub", "linked")
+    linked = conn.SimpleQueue("adopt-linked")
+    unheard_handoffs(conn, store, "adopt-linked", 2)
+    hub_conn.release()
+
+    got = []
+    for _ in range(2):
+        message = linked.get(timeout=20)
+        message.ack()
+        got.append(message)
+    delivered_as_handed(got, 2, "2 handoffs unheard, then the relay hub's connection closed")
+    assert conn.transport.lease.adoption.count == 2
+    assert conn.transport.listener.role in ("hub", "linked")
+    eventually(lambda: store.message_counts() == {}, timeout=20, what="every ack written")
+    linked.close()
 
 
 def test_a_handoff_to_a_consumer_with_no_free_slot_is_given_back_at_once(make_connection: Any, store: Store) -> None:

@@ -155,6 +155,18 @@ WHERE m.state = 'held' AND m.owner = %(id)s
   AND m.id <> ALL(%(tracked)s::bigint[])
 ORDER BY m.id;
 
+-- name: lease_unseen
+-- Adoption (consume/adoption.py): every row held under this consumer's id that the transport does not
+-- hold (%(tracked)s), whatever its age, asked once the consumer's LISTEN is armed again after its session
+-- or relay hub was replaced. A publish that handed a message over meanwhile wrote the row held under
+-- this id and sent its notification to nobody; the consumer delivers what it finds here as handed over.
+SELECT m.id, m.queue, m.priority, m.body, m.content_type, m.content_encoding, m.headers, m.properties,
+       m.run_count, m.attempts
+FROM {schema}.messages AS m
+WHERE m.state = 'held' AND m.owner = %(id)s
+  AND m.id <> ALL(%(tracked)s::bigint[])
+ORDER BY m.id;
+
 -- name: message_promote
 -- Delayed messages whose time has come become ready, each waking one parked consumer.
 WITH promoted AS (
