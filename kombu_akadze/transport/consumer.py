@@ -73,6 +73,9 @@ class ConsumerLease:
         self.channel = wake_channel(options.schema, consumer_id)
         #: The runs this consumer received, for adopting those it never did after a re-arm.
         self.adoption = Adoption()
+        #: The heartbeat thread that is removing this consumer after it found it idle (see _stop_if_idle):
+        #: stop() and exit() wait for it, so that nothing of this connection writes after its close.
+        self._retiring: threading.Thread | None = None
         #: It parked at least once: a publish may have handed it a message (only then is there anything
         #: to adopt when its LISTEN is armed again).
         self._parked = False
@@ -249,6 +252,7 @@ class ConsumerLease:
                 return
             self.heartbeat = None
             listener, self.listener = self.listener, None
+            self._retiring = threading.current_thread()
         finally:
             self._lock.release()
         try:  # on the heartbeat's own session, which stop() closes: the command session may be closed by now
@@ -293,11 +297,21 @@ class ConsumerLease:
         finally:
             heartbeat.store.close()
 
+    def _wait_retiring(self, timeout: float) -> None:
+        """Wait for an idle stop under way on the heartbeat's thread (its unpark and delete) to end."""
+        retiring = self._retiring
+        if retiring is not None and retiring is not threading.current_thread():
+            retiring.join(timeout)
+
     def stop(self, store: Store) -> None:
-        """At close: the heartbeat (and its LISTEN) stops and the consumer row goes (on *store*)."""
+        """At close: the heartbeat (and its LISTEN) stops and the consumer row goes (on *store*); an idle
+        stop that took the heartbeat first is waited for, so that the close returns with nothing of this
+        connection still writing (a schema dropped right after a close met its delete: a deadlock)."""
         with self._lock:  # exactly one of this and _stop_if_idle takes the heartbeat
             heartbeat, self.heartbeat = self.heartbeat, None
             listener, self.listener = self.listener, None
+        if heartbeat is None:
+            self._wait_retiring(5.0)
         if heartbeat is not None:
             heartbeat.stop()
         if listener is not None:

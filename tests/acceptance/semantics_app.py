@@ -120,13 +120,34 @@ def _gil_chunk(seconds: float) -> None:
     sum(range(int(rate * seconds)))
 
 
+def _started_elsewhere(key: int) -> bool:
+    """Another process has noted a start of *key* in the ledger (another worker runs it again)."""
+    path = os.environ.get("AKADZE_SEM_LEDGER")
+    if not path or not os.path.exists(path):
+        return False
+    with open(path, encoding="utf-8") as ledger:
+        lines = ledger.read().splitlines()
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:  # a line another process is appending right now
+            continue
+        if event.get("event") == "start" and event.get("key") == key and event.get("pid") != os.getpid():
+            return True
+    return False
+
+
 @app.task(bind=True, name="sem.spin")
-def spin(self: Task, key: int, seconds: float, chunk: float) -> int:
-    """CPU-bound for at least *seconds*, in calls that each hold the GIL for about *chunk* seconds."""
+def spin(self: Task, key: int, seconds: float, chunk: float, until_run_elsewhere: bool = False) -> int:
+    """CPU-bound for at least *seconds*, in calls that each hold the GIL for about *chunk* seconds; with
+    *until_run_elsewhere*, also until another worker has started *key* (at most 300 s): a worker started
+    after this one still finds it silent, however long its own start takes."""
     note(self, "start", key)
     started = time.monotonic()
     chunks = 0
-    while time.monotonic() - started < seconds:
+    while time.monotonic() - started < seconds or (
+        until_run_elsewhere and time.monotonic() - started < 300 and not _started_elsewhere(key)
+    ):
         _gil_chunk(chunk)
         chunks += 1
     note(self, "spun", key, seconds=time.monotonic() - started, chunks=chunks)

@@ -117,7 +117,10 @@ def test_threads_pool_task_holding_the_gil_past_the_ttl_loses_its_lease_and_noth
     of the first run is fenced. At least once, never lost."""
     app = sem.producer()
     a = sem.start_consuming("a", pool="threads", concurrency=1)
-    sem.send(app, "sem.spin", 1, 0.1, 2.5 * TTL)  # one call holding the GIL for 2.5 x ttl, on every run
+    # Calls holding the GIL for 2.5 x ttl each, on every run, until b has started it: however long b takes
+    # to start on a loaded machine, a is silent for over ttl in every call (a single call was over before
+    # a slow b was up, and a then finished the task itself).
+    sem.send(app, "sem.spin", 1, 0.1, 2.5 * TTL, True)
     eventually(lambda: sem.starts(1), timeout=60, what="a starts the GIL-holding task")
     stalled = time.monotonic()
     b = sem.start_consuming("b")
@@ -127,7 +130,9 @@ def test_threads_pool_task_holding_the_gil_past_the_ttl_loses_its_lease_and_noth
     eventually(lambda: FENCED in a.output(), timeout=60, what="a's late ack is fenced")
 
     tally = sem.tally(
-        [1], behaviour="-P threads, one C call holding the GIL for 2.5 x ttl", redelivery=f"{redelivery:.1f} s"
+        [1],
+        behaviour="-P threads, C calls holding the GIL for 2.5 x ttl each until b runs it",
+        redelivery=f"{redelivery:.1f} s",
     )
     assert (again.attempt, again.redelivered) == (2, True)
     assert (tally.executions, tally.completed, tally.duplicates, tally.lost) == (2, 1, 1, 0)

@@ -186,3 +186,11 @@ ON CONFLICT (queue, consumer) DO UPDATE SET channel = EXCLUDED.channel, slots = 
 -- name: terminate_pid
 -- End one backend (a session the test found the pid of); whether it was signalled.
 SELECT pg_terminate_backend(%(pid)s);
+
+-- name: consumer_lock
+-- Lock one consumer's row (inside the caller's transaction): its delete waits until the commit.
+SELECT id FROM {schema}.consumers WHERE id = %(id)s FOR UPDATE;
+
+-- name: consumer_exists
+-- Whether a consumer's row is there.
+SELECT count(*) FROM {schema}.consumers WHERE id = %(id)s;

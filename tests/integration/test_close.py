@@ -147,3 +147,32 @@ def test_an_outcome_buffered_while_an_after_close_write_fails_is_not_dropped(
     acking_b.join(30)  # B's ack flushes on its own thread (the channel is closed) before it returns
     assert store.message_counts() == {}, "an ack was dropped: its message is still held"
     assert qos.pending == 0
+
+
+def test_a_close_waits_for_the_idle_stop_that_is_removing_its_consumer(
+    make_connection: Any, store: Store, pg_url: str
+) -> None:
+    """A basic_get client's heartbeat stops by itself once the connection holds nothing (its thread unparks
+    and deletes the consumer row). A close that lands meanwhile waits for that delete: it used to return at
+    once, and a test's schema dropped right after deadlocked with the delete still running. Injected: the
+    consumer row locked by another session, so the idle stop's delete waits."""
+    conn = make_connection(heartbeat_interval=0.25, heartbeat_ttl=5.0)
+    queue = SimpleQueue(conn, "idle-stop")
+    with pytest.raises(queue.Empty):
+        queue.get(block=False)  # a claim: the heartbeat starts; nothing held, nothing consumed
+    transport = conn.transport
+    owner = transport.consumer_id
+    query = {name: SQL[name].replace("{schema}", sqlfiles.quote_ident(store.schema)) for name in SQL}
+    with connect(pg_url, role="test", connect_timeout=10) as locker:
+        with locker.transaction():
+            assert locker.execute(query["consumer_lock"], {"id": owner}).fetchall() == [(owner,)]
+            queue.consumer.cancel()  # now the connection holds nothing: the next beat stops it
+            eventually(lambda: transport.lease.heartbeat is None, timeout=30, what="the idle stop under way")
+            closer = threading.Thread(target=conn.release)
+            closer.start()
+            closer.join(0.5)
+            assert closer.is_alive(), "the close returned while the idle stop was still deleting the consumer"
+        closer.join(30)  # the lock is gone: the delete lands, then the close returns
+    assert not closer.is_alive()
+    assert store.connection().execute(query["consumer_exists"], {"id": owner}).fetchone() == (0,)
+    assert _heartbeat_threads(owner) == []
