@@ -187,9 +187,15 @@ ON CONFLICT (queue, consumer) DO UPDATE SET channel = EXCLUDED.channel, slots = 
 -- End one backend (a session the test found the pid of); whether it was signalled.
 SELECT pg_terminate_backend(%(pid)s);
 
--- name: consumer_lock
--- Lock one consumer's row (inside the caller's transaction): its delete waits until the commit.
-SELECT id FROM {schema}.consumers WHERE id = %(id)s FOR UPDATE;
+-- name: message_hold_for
+-- A message held under a consumer's id that its transport does not know of (as a lost claim reply).
+UPDATE {schema}.messages
+SET state = 'held', owner = %(owner)s, run_count = run_count + 1, attempts = attempts + 1, claimed_at = now()
+WHERE id = %(id)s;
+
+-- name: message_lock
+-- Lock one message's row (inside the caller's transaction): a write to it waits until the commit.
+SELECT id FROM {schema}.messages WHERE id = %(id)s FOR UPDATE;
 
 -- name: consumer_exists
 -- Whether a consumer's row is there.

@@ -4,6 +4,7 @@ running task, an outcome another thread buffers while a failed write is being ha
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from datetime import UTC, datetime, timedelta
@@ -16,7 +17,7 @@ from kombu.simple import SimpleQueue
 
 from kombu_akadze.errors import AkadzeError
 from kombu_akadze.integrations.testing import eventually
-from kombu_akadze.store import Store, connect, sqlfiles
+from kombu_akadze.store import NewMessage, Store, connect, sqlfiles
 
 SQL = sqlfiles.parse_blocks(Path(__file__).with_name("inspect.sql").read_text())
 
@@ -152,21 +153,26 @@ def test_an_outcome_buffered_while_an_after_close_write_fails_is_not_dropped(
 def test_a_close_waits_for_the_idle_stop_that_is_removing_its_consumer(
     make_connection: Any, store: Store, pg_url: str
 ) -> None:
-    """A basic_get client's heartbeat stops by itself once the connection holds nothing (its thread unparks
-    and deletes the consumer row). A close that lands meanwhile waits for that delete: it used to return at
-    once, and a test's schema dropped right after deadlocked with the delete still running. Injected: the
-    consumer row locked by another session, so the idle stop's delete waits."""
-    conn = make_connection(heartbeat_interval=0.25, heartbeat_ttl=5.0)
-    queue = SimpleQueue(conn, "idle-stop")
-    with pytest.raises(queue.Empty):
-        queue.get(block=False)  # a claim: the heartbeat starts; nothing held, nothing consumed
+    """A connection whose consumers were all cancelled has its heartbeat thread stop it (unpark, then delete
+    the consumer row, giving back what is still held under its id). A close that lands meanwhile waits for
+    that delete: it used to return at once, and a test's schema dropped right after deadlocked with the
+    delete still running. Injected: a row held under the consumer's id and locked by another session, so
+    the idle stop's delete waits for that lock (the beats in between touch no message row)."""
+    conn = make_connection(heartbeat_interval=0.25, heartbeat_ttl=5.0, rescue_interval=60.0, lock_timeout=30.0)
+    consumer = conn.Consumer([Queue("idle-stop")], callbacks=[lambda body, msg: msg.ack()], accept=["json"])
+    consumer.consume()
+    with contextlib.suppress(TimeoutError):
+        conn.drain_events(timeout=0.5)  # a claim: the heartbeat starts (its one maintenance pass too)
     transport = conn.transport
     owner = transport.consumer_id
+    held = store.message_insert(NewMessage(queue="idle-stop-held", body=b"held"))
+    assert held is not None
     query = {name: SQL[name].replace("{schema}", sqlfiles.quote_ident(store.schema)) for name in SQL}
+    store.connection().execute(query["message_hold_for"], {"id": held, "owner": owner})
     with connect(pg_url, role="test", connect_timeout=10) as locker:
         with locker.transaction():
-            assert locker.execute(query["consumer_lock"], {"id": owner}).fetchall() == [(owner,)]
-            queue.consumer.cancel()  # now the connection holds nothing: the next beat stops it
+            assert locker.execute(query["message_lock"], {"id": held}).fetchall() == [(held,)]
+            consumer.cancel()  # now the connection holds nothing: the next beat stops it
             eventually(lambda: transport.lease.heartbeat is None, timeout=30, what="the idle stop under way")
             closer = threading.Thread(target=conn.release)
             closer.start()
@@ -176,3 +182,4 @@ def test_a_close_waits_for_the_idle_stop_that_is_removing_its_consumer(
     assert not closer.is_alive()
     assert store.connection().execute(query["consumer_exists"], {"id": owner}).fetchone() == (0,)
     assert _heartbeat_threads(owner) == []
+    assert store.message_counts() == {("idle-stop-held", "ready"): 1}  # given back by the delete, not lost
