@@ -74,7 +74,7 @@ class ConsumerLease:
         #: The runs this consumer received, for adopting those it never did after a re-arm.
         self.adoption = Adoption()
         #: The heartbeat thread that is removing this consumer after it found it idle (see _stop_if_idle):
-        #: stop() and exit() wait for it, so that nothing of this connection writes after its close.
+        #: stop() waits for it, so that nothing of this connection writes after its close.
         self._retiring: threading.Thread | None = None
         #: It parked at least once: a publish may have handed it a message (only then is there anything
         #: to adopt when its LISTEN is armed again).
