@@ -326,10 +326,12 @@ class Transport(virtual.Transport):
         return ids
 
     def _holds_nothing(self) -> bool:
-        """No queue consumed, no message claimed and unsettled, no outcome waiting to be written."""
+        """No queue consumed, no message claimed and unsettled, no outcome waiting to be written or being
+        written (an ack in flight still holds its row: the idle stop's consumer_delete gives back what is
+        held under its id, and beat that ack to the row, which then found it ready and changed nothing)."""
         if self.consumed_queues() or self.deliverer.buffered():
             return False
-        return not any(qos.holds_unsettled() or qos.pending for qos in self._qoses())
+        return not any(qos.holds_unsettled() or qos.outcomes.tags() for qos in self._qoses())
 
     # -- outcomes and wake-ups ------------------------------------------------
 
