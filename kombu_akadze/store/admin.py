@@ -300,7 +300,7 @@ class AdminQueries(Session):
         # durable: the caller's transaction decides how it commits, whatever the message's delivery mode
         params = {**self._message_params(message), "queue": message.queue, "now": now, "durable": True}
         rows = self._run_on(conn, "message_insert", params)
-        return int(rows[0]["id"]) if rows else None
+        return int(rows[0]["id"]) if rows[0]["id"] is not None else None
 
     def message_route_on(
         self,
@@ -315,7 +315,7 @@ class AdminQueries(Session):
         params = {**self._message_params(message), "exchange": exchange, "routing_key": routing_key, "now": now,
                   "durable": True}  # fmt: skip
         rows = self._run_on(conn, "message_route", params)
-        return [r["queue"] for r in rows if r["id"] is not None], int(rows[0]["targets"]) if rows else 0
+        return [r["queue"] for r in rows if r["id"] is not None], len(rows)
 
     def _run_on(self, conn: psycopg.Connection[Any], name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         """A named query on a connection this store does not own: no lock, no reconnect, no commit.

@@ -31,15 +31,15 @@ class MessageQueries(Session):
     def message_insert(self, message: NewMessage, *, now: datetime | None = None) -> int | None:
         """The new row's id; None when the queue is full and rejects publishes (x-overflow)."""
         rows = self._run_direct("message_insert", {**self._message_params(message), "queue": message.queue, "now": now})
-        return wire.integer(rows[0][0]) if rows else None
+        return wire.integer(rows[0][0]) if rows[0][0] is not None else None
 
     def message_route(
         self, message: NewMessage, *, exchange: str, routing_key: str, now: datetime | None = None
     ) -> tuple[list[str], int]:
         """Publish through *exchange*: (queues that got a copy, queues that matched)."""
         params = {**self._message_params(message), "exchange": exchange, "routing_key": routing_key, "now": now}
-        rows = self._run_direct("message_route", params)  # id, queue, targets
-        return [wire.string(r[1]) for r in rows if r[0] is not None], wire.integer(rows[0][2]) if rows else 0
+        rows = self._run_direct("message_route", params)  # queue, id (NULL: full, took nothing)
+        return [wire.string(r[0]) for r in rows if r[1] is not None], len(rows)
 
     def message_insert_many(self, messages: Sequence[NewMessage], *, now: datetime | None = None) -> int:
         if not messages:

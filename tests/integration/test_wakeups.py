@@ -1,7 +1,7 @@
 """Wake-ups proportional to work: a ready message goes to one consumer parked on its queue, on that consumer's
 own channel (handed over, the message in the notification, or a wake-up naming the queue); nobody parked
 (nobody consumes the queue, or every consumer is busy) means no NOTIFY at all; a consumer parking while a
-publish commits is never left asleep (functions wake, handoff_pick and ack_claim)."""
+publish commits is never left asleep (functions wake, publish and ack_claim)."""
 
 from __future__ import annotations
 

@@ -3,63 +3,26 @@
 -- NULL means the database's now().
 
 -- name: message_insert
--- One message into a queue. A ready one goes to a consumer parked on its queue, if any (function
--- handoff_pick, migrations 0018 and 0019): in already held by that consumer, its notification carrying the
--- message; or, to a consumer that does not take handoffs or for a message too big for a
--- notification, in ready with a wake-up naming the queue (migrations 0008, 0009). Nobody parked: no
--- NOTIFY at all. Due later (delay, or a far ETA as not_before): state 'delayed', promoted when due.
--- TTL from the message or the queue, whichever is shorter. A queue at its x-max-length with
--- x-overflow=reject-publish takes nothing (no row returned); only such a queue counts its messages
--- (function queue_has_room, migration 0012: an inline count was a subplan built at every publish).
--- Unless %(durable)s (a transient message under transient_async), it commits without waiting for the
--- WAL flush: set_config in v, which the WHERE reads so that it runs first.
-WITH v AS (
-    SELECT x.now_, x.avail, x.sc, q.message_ttl,
-           (q.max_length IS NULL OR q.overflow <> 'reject-publish'
-            OR {schema}.queue_has_room(q.name, q.max_length)) AS room
-    FROM (SELECT COALESCE(%(now)s::timestamptz, now()) AS now_,
-                 GREATEST(COALESCE(%(now)s::timestamptz, now()) + make_interval(secs => %(delay)s),
-                          COALESCE(%(not_before)s::timestamptz, '-infinity')) AS avail,
-                 CASE WHEN NOT %(durable)s::boolean THEN set_config('synchronous_commit', 'off', true)
-                      ELSE '' END AS sc) AS x
-    LEFT JOIN {schema}.queues AS q ON q.name = %(queue)s
-), p AS (
-    SELECT v.*, h.to_consumer, h.to_channel, COALESCE(h.handoff, false) AS handoff, h.still_parked
-    FROM v
-    LEFT JOIN LATERAL {schema}.handoff_pick(
-        %(queue)s, v.sc IS NOT NULL AND v.room AND v.avail <= v.now_,
-        %(body)s, %(content_type)s, %(content_encoding)s, %(headers)s, %(properties)s) AS h ON true
-), ins AS (
-    INSERT INTO {schema}.messages
-        (queue, priority, body, content_type, content_encoding, headers, properties,
-         state, available_at, expires_at, run_count, attempts, owner, claimed_at)
-    SELECT %(queue)s, %(priority)s, %(body)s, %(content_type)s, %(content_encoding)s,
-           %(headers)s, %(properties)s,
-           CASE WHEN p.avail > p.now_ THEN 'delayed' WHEN p.handoff THEN 'held' ELSE 'ready' END, p.avail,
-           p.now_ + make_interval(secs => LEAST(%(ttl)s::float8, extract(epoch FROM p.message_ttl)::float8)),
-           CASE WHEN p.handoff THEN 1 ELSE 0 END, CASE WHEN p.handoff THEN 1 ELSE 0 END,
-           CASE WHEN p.handoff THEN p.to_consumer END, CASE WHEN p.handoff THEN p.now_ END
-    FROM p
-    WHERE p.sc IS NOT NULL AND p.room
-    RETURNING *
-)
-SELECT ins.id,
-       CASE WHEN p.handoff THEN pg_notify(p.to_channel, {schema}.handoff_payload(ROW(ins.*)::{schema}.messages, p.still_parked))
-            WHEN p.to_channel IS NOT NULL THEN pg_notify(p.to_channel, ins.queue) END AS woken
-FROM ins CROSS JOIN p;
+-- One message into a queue (function publish, migration 0020): its id, or NULL when the queue is at
+-- its x-max-length with x-overflow=reject-publish and took nothing. A ready one is handed to (or wakes)
+-- the consumer parked longest on its queue, if any; nobody parked, no NOTIFY. Due later (delay, or a
+-- far ETA as not_before): 'delayed', promoted when due. Unless %(durable)s (a transient message under
+-- transient_async), it commits without waiting for the WAL flush.
+SELECT {schema}.publish(%(queue)s, %(priority)s::smallint, %(body)s, %(content_type)s, %(content_encoding)s,
+                        %(headers)s::jsonb, %(properties)s::jsonb, %(delay)s::float8, %(ttl)s::float8,
+                        %(not_before)s::timestamptz, %(durable)s::boolean, %(now)s::timestamptz) AS id;
 
 -- name: message_route
--- Publish through an exchange in one round trip: a copy for every bound queue
--- that matches (direct: equal key, topic: pattern, fanout: all), each handed to (or waking) one
--- consumer parked on its queue as message_insert; delay, TTL, x-max-length (queue_has_room) and
--- durability as message_insert. Queues are picked in name order.
-WITH v AS (
-    SELECT COALESCE(%(now)s::timestamptz, now()) AS now_,
-           GREATEST(COALESCE(%(now)s::timestamptz, now()) + make_interval(secs => %(delay)s),
-                    COALESCE(%(not_before)s::timestamptz, '-infinity')) AS avail,
-           CASE WHEN NOT %(durable)s::boolean THEN set_config('synchronous_commit', 'off', true)
-                ELSE '' END AS sc
-), targets AS (
+-- Publish through an exchange in one round trip: a copy for every bound queue that matches (direct:
+-- equal key, topic: pattern, fanout: all), each by the function publish as message_insert; a row per
+-- matching queue, id NULL where a full queue (reject-publish) took nothing; no row, nothing matched.
+-- The queues are published to in name order (the sorted subquery runs first), so two publishes to
+-- the same queues take their locks in the same order.
+SELECT t.queue,
+       {schema}.publish(t.queue, %(priority)s::smallint, %(body)s, %(content_type)s, %(content_encoding)s,
+                        %(headers)s::jsonb, %(properties)s::jsonb, %(delay)s::float8, %(ttl)s::float8,
+                        %(not_before)s::timestamptz, %(durable)s::boolean, %(now)s::timestamptz) AS id
+FROM (
     SELECT DISTINCT b.queue
     FROM {schema}.bindings AS b
     JOIN {schema}.exchanges AS e ON e.name = b.exchange
@@ -67,42 +30,8 @@ WITH v AS (
       AND (e.type = 'fanout'
            OR (e.type = 'direct' AND b.routing_key = %(routing_key)s)
            OR (e.type = 'topic' AND ('.' || %(routing_key)s) ~ b.pattern))
-), t AS (
-    SELECT t.queue, v.*, q.message_ttl,
-           (q.max_length IS NULL OR q.overflow <> 'reject-publish'
-            OR {schema}.queue_has_room(q.name, q.max_length)) AS room
-    FROM targets AS t
-    CROSS JOIN v
-    LEFT JOIN {schema}.queues AS q ON q.name = t.queue
-    ORDER BY t.queue
-), p AS (
-    SELECT t.*, h.to_consumer, h.to_channel, COALESCE(h.handoff, false) AS handoff, h.still_parked
-    FROM t
-    LEFT JOIN LATERAL {schema}.handoff_pick(
-        t.queue, t.sc IS NOT NULL AND t.room AND t.avail <= t.now_,
-        %(body)s, %(content_type)s, %(content_encoding)s, %(headers)s, %(properties)s) AS h ON true
-), ins AS (
-    INSERT INTO {schema}.messages
-        (queue, priority, body, content_type, content_encoding, headers, properties,
-         state, available_at, expires_at, run_count, attempts, owner, claimed_at)
-    SELECT p.queue, %(priority)s, %(body)s, %(content_type)s, %(content_encoding)s,
-           %(headers)s, %(properties)s,
-           CASE WHEN p.avail > p.now_ THEN 'delayed' WHEN p.handoff THEN 'held' ELSE 'ready' END, p.avail,
-           p.now_ + make_interval(secs => LEAST(%(ttl)s::float8, extract(epoch FROM p.message_ttl)::float8)),
-           CASE WHEN p.handoff THEN 1 ELSE 0 END, CASE WHEN p.handoff THEN 1 ELSE 0 END,
-           CASE WHEN p.handoff THEN p.to_consumer END, CASE WHEN p.handoff THEN p.now_ END
-    FROM p
-    WHERE p.sc IS NOT NULL AND p.room
-    RETURNING *
-), sent AS (
-    SELECT ins.id, ins.queue,
-           CASE WHEN p.handoff THEN pg_notify(p.to_channel, {schema}.handoff_payload(ROW(ins.*)::{schema}.messages, p.still_parked))
-                WHEN p.to_channel IS NOT NULL THEN pg_notify(p.to_channel, ins.queue) END AS woken
-    FROM ins JOIN p ON p.queue = ins.queue
-)
-SELECT sent.id, sent.queue, (SELECT count(*) FROM targets) AS targets FROM sent
-UNION ALL
-SELECT NULL, NULL, (SELECT count(*) FROM targets) WHERE NOT EXISTS (SELECT 1 FROM ins);
+    ORDER BY b.queue
+) AS t;
 
 -- name: message_insert_many
 -- Many messages in one statement (arrays of equal length); each ready one wakes one
