@@ -94,7 +94,11 @@ class FleetResults:
                         None if r is None else r >= MIN_VS_INSERT))  # fmt: skip
         if 8 in self.publish_processes():
             r = self.publish_ratio("akadze", "rabbitmq_confirm", 8)
-            out.append((f"publish at 8: >= {MIN_VS_RABBIT_AT_8:g}x RabbitMQ with confirms", _x(r),
+            # the ceiling of a kombu transport writing one row per message, against the same reference: a
+            # target above it cannot be met by any such transport on this machine
+            c = self.publish_ratio("kombu_insert", "rabbitmq_confirm", 8)
+            seen = _x(r) + (f" (ceiling, kombu publish + bare INSERT: {_x(c)})" if c is not None else "")
+            out.append((f"publish at 8: >= {MIN_VS_RABBIT_AT_8:g}x RabbitMQ with confirms", seen,
                         None if r is None else r >= MIN_VS_RABBIT_AT_8))  # fmt: skip
         return out
 
@@ -245,14 +249,14 @@ def _publish_md(results: FleetResults) -> list[str]:
         "## g: publish rate (~1 KB persistent messages)",
         "",
         "| processes | " + " | ".join(TITLES[v] for v in VARIANTS) + " | akadze / INSERT | akadze / INSERT+NOTIFY "
-        "| akadze / RabbitMQ confirms |",
-        "|---|" + "---|" * (len(VARIANTS) + 3),
+        "| akadze / (kombu + INSERT) | akadze / RabbitMQ confirms | (kombu + INSERT) / RabbitMQ confirms |",
+        "|---|" + "---|" * (len(VARIANTS) + 5),
     ]
     for p in procs:
         cells = " | ".join(_f(results.publish_median(v, p), 0) for v in VARIANTS)
-        ratios = " | ".join(
-            _x(results.publish_ratio("akadze", ref, p)) for ref in ("insert", "insert_notify", "rabbitmq_confirm")
-        )
+        pairs = [("akadze", "insert"), ("akadze", "insert_notify"), ("akadze", "kombu_insert"),
+                 ("akadze", "rabbitmq_confirm"), ("kombu_insert", "rabbitmq_confirm")]  # fmt: skip
+        ratios = " | ".join(_x(results.publish_ratio(mine, ref, p)) for mine, ref in pairs)
         out.append(f"| {p} | {cells} | {ratios} |")
     out += [
         "",
@@ -316,8 +320,10 @@ METHOD = [
     "connection errors ('too many clients', 'remaining connection slots', ...).",
     "- g: P spawned processes each connect, then all start together and publish one at a time for a fixed time: "
     "a bare single-row INSERT (autocommit, synchronous commit, prepared) into a table with akadze's columns and "
-    "indexes; the same with pg_notify in the statement; akadze through kombu's Producer.publish (one Connection "
-    "per process); RabbitMQ pyamqp with confirm_publish. Every round starts on an empty table or queue "
+    "indexes; the same with pg_notify in the statement; kombu's Producer.publish into kombu's in-memory transport "
+    "followed by the bare INSERT (the ceiling of a kombu transport that writes one row per message: kombu's "
+    "client work plus the row); akadze through kombu's Producer.publish (one Connection per process); "
+    "RabbitMQ pyamqp with confirm_publish. Every round starts on an empty table or queue "
     "(TRUNCATE, purge); variants are interleaved in a rotated order in each repeat; figures are medians.",
 ]
 

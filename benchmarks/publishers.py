@@ -1,8 +1,10 @@
 """Workload g: how many ~1 KB persistent messages P publisher processes send per second, per variant.
 
 Variants: a bare single-row INSERT (autocommit, synchronous commit) into a table shaped like akadze's
-messages; the same INSERT with pg_notify in its transaction; akadze through kombu's Producer.publish;
-RabbitMQ (pyamqp) with publisher confirms. Every process connects first, then all start together.
+messages; the same INSERT with pg_notify in its transaction; kombu's Producer.publish into kombu's in-memory
+transport followed by that bare INSERT (the ceiling of any kombu transport that stores a message as one
+row: kombu's own client work plus the row); akadze through kombu's Producer.publish; RabbitMQ (pyamqp) with
+publisher confirms. Every process connects first, then all start together.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ BODY = json.dumps(PAYLOAD).encode()
 #: What kombu stores beside a persistent message on the default exchange, roughly; constant per process.
 PROPERTIES = {"delivery_mode": 2, "priority": 0, "body_encoding": "base64", "delivery_info": {"exchange": ""}}
 
-VARIANTS = ("insert", "insert_notify", "akadze", "rabbitmq_confirm")
+VARIANTS = ("insert", "insert_notify", "kombu_insert", "akadze", "rabbitmq_confirm")
 TITLES = {
     "insert": "bare INSERT",
     "insert_notify": "bare INSERT + NOTIFY",
+    "kombu_insert": "kombu publish (in memory) + bare INSERT",
     "akadze": "akadze (kombu publish)",
     "rabbitmq_confirm": "RabbitMQ, confirms",
 }
@@ -57,7 +60,7 @@ def _bare_sender(target: Target) -> tuple[Callable[[], None], Callable[[], None]
     from psycopg.types.json import Jsonb
 
     conn = psycopg.connect(target.dsn, autocommit=True, application_name="akadze-bench-publisher")
-    block = "bare_insert_notify" if target.variant == "insert_notify" else "bare_insert"
+    block = "bare_insert_notify" if target.variant == "insert_notify" else "bare_insert"  # kombu_insert too
     sql = render(block, schema=target.schema, table=target.table)
     params = {
         "queue": target.queue,
@@ -72,7 +75,29 @@ def _bare_sender(target: Target) -> tuple[Callable[[], None], Callable[[], None]
     def send() -> None:
         conn.execute(sql, params, prepare=True)
 
-    return send, conn.close
+    if target.variant != "kombu_insert":
+        return send, conn.close
+    import kombu
+
+    memory = kombu.Connection("memory://")
+    memory_queue = kombu.Queue(target.queue, routing_key=target.queue, durable=True)
+    memory_queue(memory.default_channel).declare()
+    producer = memory.Producer(serializer="json")
+    published = 0
+
+    def publish_then_insert() -> None:
+        nonlocal published
+        producer.publish(PAYLOAD, routing_key=target.queue, delivery_mode=2)
+        published += 1
+        if published % 1000 == 0:  # the in-memory queue would only grow: empty it now and then
+            memory.default_channel.queue_purge(target.queue)
+        send()
+
+    def close() -> None:
+        conn.close()
+        memory.release()
+
+    return publish_then_insert, close
 
 
 def _kombu_sender(target: Target) -> tuple[Callable[[], None], Callable[[], None]]:
@@ -95,7 +120,7 @@ def publisher(target: Target, seconds: float, ready: Any, go: Any, results: Any,
     """One publisher process: connect, say ready, wait for the start, publish for *seconds*, report, and keep
     the connection until released (its server process's CPU is read before it ends)."""
     try:
-        send, close = _bare_sender(target) if target.variant.startswith("insert") else _kombu_sender(target)
+        send, close = _bare_sender(target) if target.dsn else _kombu_sender(target)
     except Exception as exc:
         ready.put(f"{type(exc).__name__}: {exc}")
         return
@@ -219,6 +244,7 @@ def targets(akadze: Any, rabbit_confirm: Any, *, dsn: str, run_id: str) -> dict[
             "insert_notify", f"bench-{run_id}-g", dsn=dsn, schema=schema, table="insert_notify",
             channel=f"akadze-bench.{run_id}",
         ),
+        "kombu_insert": Target("kombu_insert", f"bench-{run_id}-g", dsn=dsn, schema=schema, table="kombu_insert"),
         "akadze": Target(
             "akadze", akadze.queue_name("publish", run_id), url=f"{akadze.url}?application_name=akadze-bench-publisher",
             transport_options=akadze.transport_options,
@@ -232,7 +258,7 @@ def targets(akadze: Any, rabbit_confirm: Any, *, dsn: str, run_id: str) -> dict[
 
 def prepare(found: dict[str, Target], pg: Any) -> None:
     """The bare tables (the akadze schema and the RabbitMQ queue are the brokers' own)."""
-    bare = [t for t in found.values() if t.variant.startswith("insert")]
+    bare = [t for t in found.values() if t.dsn]
     if bare:
         pg.run("schema_create", schema=bare[0].schema)
     for t in bare:
@@ -241,7 +267,7 @@ def prepare(found: dict[str, Target], pg: Any) -> None:
 
 def empty(target: Target, pg: Any, akadze_schema: str, broker: Any) -> None:
     """Every round starts on an empty table (or queue): TRUNCATE, not DELETE, so no dead rows carry over."""
-    if target.variant.startswith("insert"):
+    if target.dsn:
         pg.run("table_truncate", schema=target.schema, table=target.table)
     elif target.variant == "akadze":
         pg.run("table_truncate", schema=akadze_schema, table="messages")
