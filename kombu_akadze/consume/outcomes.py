@@ -32,6 +32,8 @@ class OutcomeBuffer:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._lock = threading.Lock()
+        #: Signalled when the last batch being written is done.
+        self._written = threading.Condition(self._lock)
         self._pending: list[Outcome] = []
         #: Taken by a writer and not done yet: still tracked.
         self._writing: list[str] = []
@@ -75,11 +77,19 @@ class OutcomeBuffer:
         with self._lock:
             for _, tag in batch:
                 self._writing.remove(tag)
+            if not self._writing:
+                self._written.notify_all()
             retry = list(failed)
             if retry:
                 if not self._pending:
                     self._since = self._clock()
                 self._pending[:0] = retry
+
+    def wait_written(self, timeout: float) -> bool:
+        """Wait until no writer holds a batch (another thread's flush under way); False if one still does
+        after *timeout* seconds."""
+        with self._written:
+            return self._written.wait_for(lambda: not self._writing, timeout)
 
     def flush(self, write: Writer, kinds: Iterable[str] = KINDS) -> int:
         """Write the outcomes of *kinds*, one call of *write* per kind; returns how many still wait."""

@@ -193,8 +193,10 @@ class Channel(ExchangeMixin, virtual.Channel):
         """Acks and rejects this connection buffered go out before a purge or delete, as RabbitMQ's
         channel applies them in order: else a delete took the held rows first, and every ack of a run
         the consumer had finished was reported as "changed nothing". This also covers the reply queue
-        kombu deletes once its replies are in (inspect, ping: after_reply_message_received)."""
-        self.connection.flush_outcomes()
+        kombu deletes once its replies are in (inspect, ping: after_reply_message_received). Outcomes
+        another thread took for writing (the heartbeat flushes a draining client's at every beat) are
+        waited for too: else the delete could take the session first, and those acks changed nothing."""
+        self.connection.flush_outcomes_and_wait()
 
     def basic_qos(self, prefetch_size: int = 0, prefetch_count: int = 0, apply_global: bool = False) -> None:
         """A wider window (Celery widens it for every ETA task it holds) may be filled at once."""

@@ -108,6 +108,14 @@ class QoS(virtual.QoS):
         """Write the buffered outcomes of *kinds*, one statement per kind; returns how many still wait."""
         return self.outcomes.flush(self._write, kinds)
 
+    def flush_and_wait(self, timeout: float) -> None:
+        """Write what is buffered, and wait (up to *timeout* seconds) for what another thread is writing
+        (the heartbeat's flush, DelayedFlush): afterwards every outcome settled so far is written, or
+        failed and buffered again, then written once more here."""
+        self.flush()
+        if self.outcomes.wait_written(timeout) and self.outcomes.pending:
+            self.flush()
+
     def _write(self, kind: str, dtags: list[str]) -> bool:
         tags = [parse_tag(d) for d in dtags]
         store = self._transport.store

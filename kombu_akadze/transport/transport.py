@@ -359,6 +359,12 @@ class Transport(virtual.Transport):
             if force or qos.due(OUTCOME_BATCH, OUTCOME_DELAY):
                 qos.flush(kinds)
 
+    def flush_outcomes_and_wait(self) -> None:
+        """Every outcome settled so far written, including those another thread is writing (waited for up
+        to connect_timeout seconds each channel), before a statement that must come after them."""
+        for qos in self._qoses():
+            qos.flush_and_wait(self.options.connect_timeout)
+
     def _after_beat(self) -> None:
         """After every heartbeat: a queue it found a claimable message in makes the consuming loop claim
         (the heartbeat is the safety poll of a consumer that waits for wake-ups); outcomes of a kombu

@@ -432,6 +432,48 @@ def test_buffered_acks_are_written_before_a_queue_delete(
     assert not stale, stale
 
 
+def test_a_queue_delete_waits_for_the_acks_another_thread_is_writing(
+    make_connection: Any, store: Store, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The heartbeat writes a draining client's buffered acks at its beats, on its own thread. A delete that
+    lands while such a write is under way (kombu deletes the reply queue of inspect and ping right after the
+    replies) waits for it: before, it found nothing left to write, took the session first and deleted the
+    rows, and each of those acks was reported as a run that "changed nothing" (seen in CI under load)."""
+    conn = make_connection()
+    queue = Queue("ordered-threads")
+    got = _hold_five_of_ten(conn, queue)
+    main = threading.current_thread()
+    inside, go = threading.Event(), threading.Event()
+    real_ack = Store.message_ack
+
+    def paused_ack(self: Store, tags: Any, *, owner: str) -> set[int]:
+        if threading.current_thread() not in (main, deleter):  # whoever writes the acks: ours or the heartbeat
+            inside.set()
+            assert go.wait(60)
+        return real_ack(self, tags, owner=owner)
+
+    monkeypatch.setattr(Store, "message_ack", paused_ack)
+    deleter = threading.Thread(target=lambda: queue(conn.default_channel).delete())
+    for message in got:
+        message.ack()  # buffered: written by the next flush
+    flusher = threading.Thread(target=conn.transport.flush_outcomes)
+    with caplog.at_level(logging.WARNING, logger="kombu_akadze"):
+        flusher.start()
+        assert inside.wait(60), "no thread took the acks for writing"
+        deleter.start()
+        deleter.join(2)  # without the wait, the delete is done by now, ahead of the acks
+        go.set()
+        flusher.join(60)
+        deleter.join(60)
+    assert not flusher.is_alive()
+    assert not deleter.is_alive()
+    stale = [r.getMessage() for r in caplog.records if "changed nothing" in r.getMessage()]
+    assert not stale, stale
+    assert store.message_counts() == {}
+    print("injected: an ack write held back while a queue delete came; acked 5, reported stale 0")
+    conn.release()
+
+
 def test_requeues_are_written_before_a_purge(make_connection: Any, store: Store) -> None:
     """Messages rejected with requeue before a purge are purged with the rest, as on RabbitMQ."""
     conn = make_connection()

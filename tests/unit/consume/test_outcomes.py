@@ -139,3 +139,31 @@ def test_outcomes_added_from_many_threads_while_flushing_are_each_written_once()
         thread.join()
     written = [tag for _, tags in write.calls for tag in tags]
     assert sorted(written) == sorted(f"{i}:1" for i in range(n_threads * per_thread))
+
+
+def test_wait_written_returns_once_another_threads_write_is_done() -> None:
+    """A purge or delete waits for the acks another thread took for writing (the heartbeat's flush): until
+    that write is done, the wait says so; once it is, the wait returns at once."""
+    buf = OutcomeBuffer()
+    buf.add("ack", "1:1")
+    inside, go = threading.Event(), threading.Event()
+
+    def slow_write(kind: str, tags: list[str]) -> bool:
+        inside.set()
+        assert go.wait(60)
+        return True
+
+    writer = threading.Thread(target=buf.flush, args=(slow_write,))
+    writer.start()
+    assert inside.wait(60)
+    assert buf.pending == 0  # taken, being written: nothing left to flush here
+    assert buf.tags() == ["1:1"]
+    assert buf.wait_written(0.01) is False
+    released = threading.Thread(target=buf.wait_written, args=(60,))
+    released.start()
+    go.set()
+    writer.join(60)
+    released.join(60)
+    assert not released.is_alive()
+    assert buf.wait_written(0.0) is True
+    assert buf.tags() == []
