@@ -3,7 +3,7 @@
 -- NULL means the database's now().
 
 -- name: message_insert
--- One message into a queue (function publish, migration 0020): its id, or NULL when the queue is at
+-- One message into a queue (function publish, migrations 0020 and 0021): its id, or NULL when the queue is at
 -- its x-max-length with x-overflow=reject-publish and took nothing. A ready one is handed to (or wakes)
 -- the consumer parked longest on its queue, if any; nobody parked, no NOTIFY. Due later (delay, or a
 -- far ETA as not_before): 'delayed', promoted when due. Unless %(durable)s (a transient message under
