@@ -2,7 +2,7 @@
 -- settings and (for a ready message) the queue's lock shared are one statement, which also works out
 -- the expiry; a message nobody is parked for is written by an INSERT of its ten columns, and only a
 -- handoff's INSERT sets the claim columns and builds the notification in its RETURNING; a delayed
--- message returns before the look at waiting, which it never needed. Measured on PostgreSQL 15 on this
+-- message skips the look at waiting, which it never needed. Measured on PostgreSQL 15 on this
 -- project's 2-core machine, 8 psycopg sessions calling publish into one queue nobody waits on (~1 KB,
 -- synchronous commit, 6 s rounds, 6 alternating rounds, server CPU per call from /proc): 0020's function
 -- 389 us, this one 352 us, the bare INSERT of the same row 222 us.
@@ -47,35 +47,31 @@ BEGIN
     IF max_length IS NOT NULL AND overflow = 'reject-publish' AND NOT {schema}.queue_has_room(q, max_length) THEN
         RETURN NULL;
     END IF;
-    IF avail > now_ THEN
-        INSERT INTO {schema}.messages (queue, priority, body, content_type, content_encoding, headers, properties,
-                                       state, available_at, expires_at)
-        VALUES (q, prio, payload, ctype, cenc, hdrs, props, 'delayed', avail, expires)
-        RETURNING id INTO new_id;
-        RETURN new_id;
-    END IF;
-    IF EXISTS (SELECT 1 FROM {schema}.waiting AS w WHERE w.queue = q) THEN
-        SELECT w.consumer, w.channel, w.slots INTO to_consumer, to_channel, slots
-        FROM {schema}.waiting AS w
-        WHERE w.queue = q
-        ORDER BY w.since
-        LIMIT 1
-        FOR UPDATE SKIP LOCKED;
-        IF FOUND THEN
-            handoff := slots IS NOT NULL AND {schema}.handoff_fits(q, payload, ctype, cenc, hdrs, props);
-            parked := handoff AND slots > 1;
-            IF parked THEN
-                UPDATE {schema}.waiting AS w SET slots = w.slots - 1, since = clock_timestamp()
-                WHERE w.queue = q AND w.consumer = to_consumer;
-            ELSE
-                DELETE FROM {schema}.waiting AS w WHERE w.queue = q AND w.consumer = to_consumer;
+    IF avail <= now_ THEN
+        IF EXISTS (SELECT 1 FROM {schema}.waiting AS w WHERE w.queue = q) THEN
+            SELECT w.consumer, w.channel, w.slots INTO to_consumer, to_channel, slots
+            FROM {schema}.waiting AS w
+            WHERE w.queue = q
+            ORDER BY w.since
+            LIMIT 1
+            FOR UPDATE SKIP LOCKED;
+            IF FOUND THEN
+                handoff := slots IS NOT NULL AND {schema}.handoff_fits(q, payload, ctype, cenc, hdrs, props);
+                parked := handoff AND slots > 1;
+                IF parked THEN
+                    UPDATE {schema}.waiting AS w SET slots = w.slots - 1, since = clock_timestamp()
+                    WHERE w.queue = q AND w.consumer = to_consumer;
+                ELSE
+                    DELETE FROM {schema}.waiting AS w WHERE w.queue = q AND w.consumer = to_consumer;
+                END IF;
             END IF;
         END IF;
     END IF;
     IF NOT handoff THEN
         INSERT INTO {schema}.messages (queue, priority, body, content_type, content_encoding, headers, properties,
                                        state, available_at, expires_at)
-        VALUES (q, prio, payload, ctype, cenc, hdrs, props, 'ready', avail, expires)
+        VALUES (q, prio, payload, ctype, cenc, hdrs, props, CASE WHEN avail > now_ THEN 'delayed' ELSE 'ready' END,
+                avail, expires)
         RETURNING id INTO new_id;
         IF to_channel IS NOT NULL THEN
             PERFORM pg_notify(to_channel, q);
