@@ -1,6 +1,8 @@
 """The settings the queue functions run with: planner settings that keep their plans on the indexes
 (0005, 0010) and no JIT (0013: those settings price an unavoidable sort at 10^10, past jit_above_cost,
-and a server with JIT compiled the hot path's statements at every call, 50 ms each)."""
+and a server with JIT compiled the hot path's statements at every call, 50 ms each). The handoff's two
+SQL functions have no settings of their own (0022): PostgreSQL inlines them into publish's statements,
+which run with JIT off, and it would not inline a function that has a SET clause."""
 
 from __future__ import annotations
 
@@ -21,6 +23,19 @@ QUEUE_FUNCTIONS = {
 }
 
 
+#: SQL functions inlined into the statements that call them (0022): they must have no settings (a SET clause
+#: stops inlining) and run inside publish, which has JIT off.
+INLINED = {
+    "handoff_fits(queue text, body bytea, content_type text, content_encoding text, headers jsonb, "
+    "properties jsonb)",
+    "handoff_payload(m {schema}.messages, parked boolean)",
+}
+
+
+def inlined(store: Store) -> set[str]:
+    return {name.replace("{schema}", store.schema) for name in INLINED}
+
+
 def settings(store: Store) -> dict[str, set[str]]:
     rows = store.connection().execute(SQL["function_settings"], {"schema": store.schema}).fetchall()
     return {name: set(config or ()) for name, config in rows}
@@ -29,7 +44,27 @@ def settings(store: Store) -> dict[str, set[str]]:
 def test_every_function_of_the_schema_runs_without_jit(store: Store) -> None:
     found = settings(store)
     assert found.keys() >= QUEUE_FUNCTIONS, sorted(found)
-    assert {name for name, config in found.items() if "jit=off" not in config} == set()
+    assert {name for name, config in found.items() if "jit=off" not in config} == inlined(store)
+    assert {name: found[name] for name in inlined(store)} == {name: set() for name in inlined(store)}
+    assert "jit=off" in found[next(name for name in found if name.startswith("publish("))]
+
+
+def test_the_handoff_functions_are_inlined_into_the_statement_that_calls_them(store: Store) -> None:
+    """Not called through the function manager (which would save and restore their settings and, a SQL
+    function not inlined, parse and plan its body in every transaction): the plan shows their bodies."""
+    schema = store.schema
+    plan = "\n".join(
+        row[0]
+        for row in store.connection().execute(
+            f'EXPLAIN (VERBOSE) SELECT "{schema}".handoff_payload(m, true), "{schema}".handoff_fits('
+            "m.queue, m.body, m.content_type, m.content_encoding, m.headers, m.properties) "
+            f'FROM "{schema}".messages AS m'
+        )
+    )
+    assert "json_build_object" in plan, plan  # handoff_payload's body
+    assert "octet_length" in plan, plan  # handoff_fits' body
+    assert "handoff_payload" not in plan, plan
+    assert "handoff_fits" not in plan, plan
 
 
 def test_the_hot_path_keeps_its_plans_on_the_indexes(store: Store) -> None:

@@ -330,7 +330,8 @@ def test_a_handoff_to_a_consumer_with_no_free_slot_is_given_back_at_once(make_co
 def test_the_publish_statements_are_priced_below_jit_on_a_server_with_jit_on(store: Store) -> None:
     """The publish statements stay priced far below jit_above_cost: 0018's handoff_pick, priced at the default
     1,000 rows, pushed them past it and a server with JIT compiled them at every publish (+25 ms each, seen);
-    since 0020 they are one call of the function publish (per matching queue for message_route), 0021's too."""
+    since 0020 they are one call of the function publish (per matching queue for message_route), 0021's too,
+    and 0022's handoff functions are inlined into it."""
     params = {
         "queue": "q", "priority": 0, "body": b"x", "content_type": "application/json", "content_encoding": "utf-8",
         "headers": Jsonb({}), "properties": Jsonb({}), "delay": 0.0, "ttl": None, "not_before": None,
