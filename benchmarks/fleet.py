@@ -146,16 +146,22 @@ def producer_app(broker: Broker, queue: str) -> Celery:
     return app
 
 
-def trickle(app: Celery, queue: str, *, count: int, rate: float) -> float:
-    """Send *count* latency tasks at *rate*/s through the app's (pooled, already connected) producer; seconds."""
+def trickle(app: Celery, queue: str, *, count: int, rate: float) -> tuple[float, list[float]]:
+    """Send *count* latency tasks at *rate*/s through the app's (pooled, already connected) producer: seconds,
+    and how long each send_task call took (ms, ascending). A send returns once the broker has the message as
+    its publish defines it: akadze's once the row is committed (a round trip and, for a persistent message, the
+    WAL flush); RabbitMQ's without confirms once the frame is written to the socket."""
+    sends: list[float] = []
     with app.producer_or_acquire() as producer:
         start = time.perf_counter()
         for i in range(count):
             pause = start + i / rate - time.perf_counter()
             if pause > 0:
                 time.sleep(pause)
+            began = time.perf_counter()
             app.send_task(celeryapp.LATENCY, args=(time.time(),), queue=queue, producer=producer)
-        return time.perf_counter() - start
+            sends.append((time.perf_counter() - began) * 1000.0)
+        return time.perf_counter() - start, sorted(sends)
 
 
 def warm_up(app: Celery, fleet: Fleet, queue: str, timeout: float = 30.0) -> float | None:
@@ -163,7 +169,7 @@ def warm_up(app: Celery, fleet: Fleet, queue: str, timeout: float = 30.0) -> flo
     process's first send_task loads Celery's result backend (imports, entry points: ~27 ms of 29 ms, cProfile),
     and the fleet run's producer is a new app for each fleet. That one-off made the run's first task its worst
     (37 ms akadze, 6.6 ms RabbitMQ at 32 workers; whichever broker runs first pays the imports), and, with p99
-    of 150 being the second worst, half of the p99 figure."""
+    of 150 being the second worst, half of the p99 figure (the trickle is now 600: p99 is the sixth worst)."""
     app.send_task(celeryapp.LATENCY, args=(time.time(),), queue=queue)
     deadline = time.monotonic() + timeout
     while not (found := fleet.latencies_ms()) and time.monotonic() < deadline:
@@ -219,7 +225,7 @@ def run_size(
                 f"per worker); sessions {out['sessions']}")  # fmt: skip
         first = counter(pg)
         start = time.monotonic()
-        sent_secs = trickle(app, queue, count=tasks, rate=rate)
+        sent_secs, sends = trickle(app, queue, count=tasks, rate=rate)
         deadline = time.monotonic() + 15.0
         while len(fleet.latencies_ms()) < tasks and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -232,11 +238,12 @@ def run_size(
                                     "per_task_net": max(raw - sampler_count - idle_cost, 0) / tasks}  # fmt: skip
         values = fleet.latencies_ms()
         out["alive_after"] = fleet.alive()
-        out["latency"] = {"count": len(values), "sent": tasks, "send_seconds": sent_secs}
+        out["latency"] = {"count": len(values), "sent": tasks, "send_seconds": sent_secs,
+                          "send_p50_ms": statistics.median(sends), "send_p99_ms": percentile(sends, 99)}  # fmt: skip
         if values:
             out["latency"].update(
                 p50_ms=statistics.median(values), p99_ms=percentile(values, 99), max_ms=values[-1], worst_ms=values[-5:]
-            )  # what p99 of a short trickle is made of
+            )  # what p99 of a trickle is made of
         out.update(fleet.log_problems())
     return out
 

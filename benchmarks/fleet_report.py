@@ -197,9 +197,9 @@ def _fleet_md(results: FleetResults) -> list[str]:
         "",
         "| workers | ready (akadze, RabbitMQ) | akadze sessions | server client backends / max | "
         "idle transactions/s (per worker) | limit | transactions per task (net of idle) | "
-        "p50 ms akadze / RabbitMQ | p99 ms akadze / RabbitMQ | first task ms akadze / RabbitMQ | "
-        "workers with connection errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "p50 ms akadze / RabbitMQ | p99 ms akadze / RabbitMQ | send_task call p50, p99 ms akadze / RabbitMQ | "
+        "first task ms akadze / RabbitMQ | workers with connection errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for size in results.sizes():
         a, r = results.row("akadze", size), results.row("rabbitmq", size)
@@ -213,6 +213,8 @@ def _fleet_md(results: FleetResults) -> list[str]:
             f"| {_f(x.get('per_task_raw'))} ({_f(x.get('per_task_net'))}) "
             f"| {_f(la.get('p50_ms'), 1)} / {_f(lr.get('p50_ms'), 1)} ({_x(p50)}) "
             f"| {_f(la.get('p99_ms'), 1)} / {_f(lr.get('p99_ms'), 1)} ({_x(p99)}) "
+            f"| {_f(la.get('send_p50_ms'), 2)}, {_f(la.get('send_p99_ms'), 2)} / "
+            f"{_f(lr.get('send_p50_ms'), 2)}, {_f(lr.get('send_p99_ms'), 2)} "
             f"| {_f(a.get('warmup_ms'), 1)} / {_f(r.get('warmup_ms'), 1)} "
             f"| {a.get('workers_with_connection_errors', '-')} |"
         )
@@ -303,7 +305,11 @@ METHOD = [
     "- Then the parent sends latency tasks at a fixed rate through one Celery producer connected beforehand; each "
     "task records its start time minus its send time (same host clock) in Redis. One task goes first, before the "
     "idle window, and is kept apart (the 'first task' column): a process's first send_task loads Celery's result "
-    "backend (imports), a one-off that was the run's worst latency, and p99 of 150 tasks is the second worst. "
+    "backend (imports), a one-off that was the run's worst latency. p99 of a full run's 600 tasks is the sixth worst "
+    "(of 150, the trickle of the runs up to 2ff7845, it was the second worst, and read x1.09 to x3.27 of "
+    "RabbitMQ's from run to run). The send_task column is the producer's call alone: akadze's returns once the "
+    "row is committed and flushed to the WAL (a round trip), RabbitMQ's (no confirms) once the frame is written, "
+    "so the time a task takes after its publish returned is roughly the latency minus the send. "
     "Transactions per task: the "
     "counter's delta from the first send until 12 s after the last task started, over the tasks sent; 'net' takes "
     "off the idle rate over the same span and the sampler's reads. It includes the publishing.",

@@ -43,7 +43,7 @@ class Sizes:
     repeat: int
 
 
-FULL = Sizes((1, 8, 16, 32), 150, 10.0, 30.0, 5.0, 40, 8, (1, 8), 5.0, 3)
+FULL = Sizes((1, 8, 16, 32), 600, 10.0, 30.0, 5.0, 40, 8, (1, 8), 5.0, 3)
 QUICK = Sizes((1, 4), 20, 10.0, 5.0, 2.0, 4, 2, (1, 2), 1.0, 1)
 
 
@@ -56,7 +56,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--only", default=",".join(PARTS), help="parts to run: f fleet, h headroom, g publishers")
     p.add_argument("--quick", action="store_true", help="small sizes for a smoke run")
     p.add_argument("--fleet-sizes", type=ints, help="workers per fleet (default 1,8,16,32; --quick 1,4)")
-    p.add_argument("--trickle", type=int, help="tasks in the trickle (default 150; --quick 20)")
+    p.add_argument("--trickle", type=int, help="tasks in the trickle (default 600; --quick 20)")
     p.add_argument("--trickle-rate", type=float, help="tasks/s of the trickle (default 10)")
     p.add_argument("--idle-seconds", type=float, help="idle window (default 30; --quick 5)")
     p.add_argument("--headroom", type=int, help="workers held during the headroom check (default 40; 0: skip)")
@@ -151,6 +151,7 @@ class FleetBench:
                 if out and "latency" in out:
                     lat, x = out["latency"], out.get("trickle_xacts", {})
                     self.log(f"   p50 {lat.get('p50_ms', 0):.1f} ms, p99 {lat.get('p99_ms', 0):.1f} ms, "
+                             f"send_task p50 {lat.get('send_p50_ms', 0):.2f} ms, "
                              f"first task {out.get('warmup_ms') or 0:.1f} ms "
                              f"({lat['count']} of {lat['sent']})"
                              + (f"; {x['per_task_raw']:.2f} transactions/task, {x['per_task_net']:.2f} net"
