@@ -35,9 +35,7 @@ DEFAULT_CONSUMER_TTL = 30.0
 #: Queues Celery declares for itself: remote control (``<node>.celery.pidbox`` and the clients'
 #: ``<id>.reply.celery.pidbox``; ``celery`` is the app's control_exchange), event receivers
 #: (``celeryev.<id>``) and the rpc:// result backend's reply queues (named by a UUID).
-_INTERNAL = re.compile(
-    r"^(?:.+\.pidbox|celeryev\..+|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$"
-)
+_INTERNAL = re.compile(r"^(?:.+\.pidbox|celeryev\..+|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$")
 
 
 def is_internal(queue: str) -> bool:

@@ -232,9 +232,7 @@ class AdminQueries(Session):
                 self._drop()
                 raise TransientDatabaseError("listen_notifies: the LISTEN session was lost")
             while (note := pgconn.notifies()) is not None:
-                self._woken.append(
-                    (note.relname.decode("utf-8", "replace"), note.extra.decode("utf-8", "replace"))
-                )
+                self._woken.append((note.relname.decode("utf-8", "replace"), note.extra.decode("utf-8", "replace")))
             received, self._woken = self._woken, []
             return received
 

@@ -404,6 +404,7 @@ class Session:
         with self._lock:
             self._settle()
             conn = self.connection()
+
             def exchange() -> list[Any]:
                 prepared = self._prepared_name(conn, name, query)
                 timeout = self.connect_timeout

@@ -26,8 +26,7 @@ QUEUE_FUNCTIONS = {
 #: SQL functions inlined into the statements that call them (0022): they must have no settings (a SET clause
 #: stops inlining) and run inside publish, which has JIT off.
 INLINED = {
-    "handoff_fits(queue text, body bytea, content_type text, content_encoding text, headers jsonb, "
-    "properties jsonb)",
+    "handoff_fits(queue text, body bytea, content_type text, content_encoding text, headers jsonb, properties jsonb)",
     "handoff_payload(m {schema}.messages, parked boolean)",
 }
 

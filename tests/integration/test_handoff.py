@@ -149,9 +149,7 @@ def test_a_route_hands_each_copy_to_a_consumer_of_its_queue(pg_url: str, schema:
             s.close()
 
 
-def test_a_consumer_that_stops_gives_back_what_was_handed_to_it_unread(
-    pg_url: str, schema: str, store: Store
-) -> None:
+def test_a_consumer_that_stops_gives_back_what_was_handed_to_it_unread(pg_url: str, schema: str, store: Store) -> None:
     """Injected: a handoff committed as the consumer stops, its notification never read. The clean stop
     (consumer_unpark, then consumer_delete) gives it back in place, the attempt too; the run it was handed
     as stays fenced."""

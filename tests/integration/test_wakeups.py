@@ -81,9 +81,7 @@ def test_no_notify_when_nobody_consumes_the_queue_or_every_consumer_is_busy(
     assert heard(other) == []
 
 
-def test_a_consumer_that_cannot_park_while_a_publish_commits_is_told_to_claim_again(
-    pg_url: str, store: Store
-) -> None:
+def test_a_consumer_that_cannot_park_while_a_publish_commits_is_told_to_claim_again(pg_url: str, store: Store) -> None:
     """The publish holds its queue's wake lock until it commits; a claim that comes back short meanwhile
     cannot park (it would miss the wake-up the publisher has already looked for) and says 'retry'; the
     retry finds the message once committed. Nothing waits for the safety poll."""
