@@ -30,6 +30,8 @@ class CompactResult:
     after: TableSize
     #: Why nothing was done, or "" when the indexes were rebuilt.
     skipped: str = ""
+    #: Nothing was done because the table's lock was not granted within the lock timeout.
+    busy: bool = False
 
 
 def due(
@@ -64,7 +66,7 @@ def run_once(
     if reason:
         return CompactResult(False, before, before, reason)
     if not store.messages_reindex(lock_timeout=lock_timeout):
-        return CompactResult(False, before, before, f"the table was busy for {lock_timeout:g} s; next check")
+        return CompactResult(False, before, before, f"the table was busy for {lock_timeout:g} s; next check", busy=True)
     after = store.messages_size()
     logger.info(
         "kombu-akadze compaction: messages indexes %s -> %s (heap %s)",

@@ -7,12 +7,14 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import click
+import psycopg
 import pytest
 from click.testing import CliRunner, Result
 from prometheus_client.parser import text_string_to_metric_families
@@ -222,6 +224,32 @@ def test_compact_says_why_it_does_nothing_and_rebuilds_with_force(cli: Any, stor
     missing = cli("compact", "--schema", "never_migrated_here")
     assert missing.exit_code == 2
     assert "akadze migrate" in missing.output
+
+
+def test_compact_waits_for_a_busy_table_only_as_long_as_it_is_told(cli: Any, pg_url: str, store: Store) -> None:
+    """A session holds the messages table (as a long write would): the REINDEX gives up after --lock-timeout
+    and says how to go on; given longer than the holder keeps it, it runs once the lock is released."""
+    store.message_insert(NewMessage(queue="a", body=b"stays"))
+    holder = psycopg.connect(pg_url)
+    holder.execute(f'LOCK TABLE "{store.schema}".messages IN ROW EXCLUSIVE MODE')  # a write's lock: REINDEX waits
+    try:
+        busy = cli("compact", "--force", "--lock-timeout", "0.2")
+        assert busy.exit_code == 0, busy.output
+        assert "busy for 0.2 s" in busy.output, busy.output
+        assert "--lock-timeout" in busy.output, busy.output
+        assert json.loads(cli("compact", "--force", "--lock-timeout", "0.2", "--json").output)["busy"] is True
+        release = threading.Timer(1.0, holder.commit)
+        release.start()
+        waited = json.loads(cli("compact", "--force", "--lock-timeout", "60", "--json").output)
+        release.join()
+    finally:
+        holder.close()
+    assert waited["compacted"] is True, waited
+    assert waited["busy"] is False, waited
+    assert sum(store.message_counts().values()) == 1
+    invalid = cli("compact", "--lock-timeout", "0")
+    assert invalid.exit_code == 2
+    assert "--lock-timeout" in invalid.output
 
 
 def test_errors_are_one_line_exit_2_and_never_show_the_password(cli: Any, pg_url: str) -> None:

@@ -211,19 +211,35 @@ def prune_cmd(*, url: str | None, schema: str, as_json: bool, no_migrate: bool, 
 @akadze.command("compact")
 @db_options
 @click.option("--force", is_flag=True, help="Rebuild even when the indexes do not look bloated.")
+@click.option(
+    "--lock-timeout",
+    type=click.FloatRange(min=0, min_open=True, max=600),
+    default=compact.LOCK_TIMEOUT,
+    show_default=True,
+    help="Seconds the REINDEX waits for the messages table; publishes and claims queue behind it meanwhile.",
+)
 @friendly
-def compact_cmd(*, url: str | None, schema: str, as_json: bool, force: bool) -> None:
+def compact_cmd(*, url: str | None, schema: str, as_json: bool, force: bool, lock_timeout: float) -> None:
     """Give back the index space a drained backlog left (REINDEX of a small heap; run as the table owner)."""
     with open_store(url, schema) as store:
-        result = compact.run_once(store, force=force)
+        result = compact.run_once(store, force=force, lock_timeout=lock_timeout)
     before, after = result.before, result.after
-    text = (
-        f"messages indexes {before.index_bytes / 2**20:.1f} MB -> {after.index_bytes / 2**20:.1f} MB "
-        f"(heap {after.heap_bytes / 2**20:.1f} MB)"
-        if result.compacted
-        else f"nothing done: {result.skipped}"
-    )
-    data = {"compacted": result.compacted, "skipped": result.skipped, "before": vars(before), "after": vars(after)}
+    if result.compacted:
+        text = (
+            f"messages indexes {before.index_bytes / 2**20:.1f} MB -> {after.index_bytes / 2**20:.1f} MB "
+            f"(heap {after.heap_bytes / 2**20:.1f} MB)"
+        )
+    elif result.busy:
+        text = (
+            f"nothing done: the messages table was busy for {lock_timeout:g} s; run it again, or give it longer "
+            "with --lock-timeout (publishes and claims wait behind a REINDEX that waits)"
+        )
+    else:
+        text = f"nothing done: {result.skipped}"
+    data = {
+        "compacted": result.compacted, "skipped": result.skipped, "busy": result.busy,
+        "before": vars(before), "after": vars(after),
+    }  # fmt: skip
     emit(data, as_json, text)
 
 
