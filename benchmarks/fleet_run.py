@@ -43,7 +43,7 @@ class Sizes:
     repeat: int
 
 
-FULL = Sizes((1, 8, 16, 32), 600, 10.0, 30.0, 5.0, 40, 8, (1, 8), 5.0, 3)
+FULL = Sizes((1, 8, 16, 32), 600, 10.0, 30.0, 5.0, 40, 8, (1, 8), 10.0, 3)
 QUICK = Sizes((1, 4), 20, 10.0, 5.0, 2.0, 4, 2, (1, 2), 1.0, 1)
 
 
@@ -62,7 +62,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--headroom", type=int, help="workers held during the headroom check (default 40; 0: skip)")
     p.add_argument("--headroom-publishers", type=int, help="publisher processes during it (default 8)")
     p.add_argument("--publishers", type=ints, help="publisher processes per round (default 1,8; --quick 1,2)")
-    p.add_argument("--publish-seconds", type=float, help="seconds per publish round (default 5; --quick 1)")
+    p.add_argument("--publish-seconds", type=float, help="seconds per publish round (default 10; --quick 1)")
     p.add_argument("--repeat", type=int, help="publish rounds per variant; medians (default 3; --quick 1)")
     p.add_argument("--out", default=str(harness.ROOT / "docs" / "benchmarks" / "fleet"), help="results folder")
     p.add_argument("--pg-url", default=os.environ.get("BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/test"))
