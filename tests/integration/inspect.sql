@@ -200,3 +200,8 @@ SELECT id FROM {schema}.messages WHERE id = %(id)s FOR UPDATE;
 -- name: consumer_exists
 -- Whether a consumer's row is there.
 SELECT count(*) FROM {schema}.consumers WHERE id = %(id)s;
+
+-- name: index_scans_in_transaction
+-- Index scans of the messages table so far in this transaction, by index: how a statement found its rows.
+SELECT pg_stat_get_xact_numscans(format('%%I.messages_held_idx', %(schema)s::text)::regclass) AS held_idx,
+       pg_stat_get_xact_numscans(format('%%I.messages_pkey', %(schema)s::text)::regclass) AS pkey;

@@ -2,13 +2,17 @@
 (0005, 0010) and no JIT (0013: those settings price an unavoidable sort at 10^10, past jit_above_cost,
 and a server with JIT compiled the hot path's statements at every call, 50 ms each). The handoff's two
 SQL functions have no settings of their own (0022): PostgreSQL inlines them into publish's statements,
-which run with JIT off, and it would not inline a function that has a SET clause."""
+which run with JIT off, and it would not inline a function that has a SET clause. An ack looks its rows up
+by primary key, never through the consumer's held rows (0023)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from kombu_akadze.store import Store, sqlfiles
+import psycopg
+
+from kombu_akadze.store import NewMessage, Store, sqlfiles
+from kombu_akadze.store.records import ack_claim_params, split_tags
 
 SQL = sqlfiles.parse_blocks(Path(__file__).with_name("inspect.sql").read_text())
 
@@ -80,3 +84,31 @@ def test_the_functions_called_at_every_publish_and_claim_keep_one_generic_plan(s
     every_call = {n for n in QUEUE_FUNCTIONS if not n.startswith("ack(ids bigint[], run_counts integer[])")}
     every_call.add("wake(queues text[])")
     assert {n for n in every_call if "plan_cache_mode=force_generic_plan" not in found[n]} == set()
+
+
+def test_an_ack_looks_its_rows_up_by_primary_key_not_among_the_consumers_held_rows(pg_url: str, store: Store) -> None:
+    """The ack's fence (state held, this owner) is messages_held_idx's predicate and key. Planned generically,
+    an ack that said so walked that index: every row the consumer had claimed since the last VACUUM, dead ones
+    included, so each ack cost more the longer the consumer had run (0023). Both acks (inside ack_claim, and
+    alone) must find their rows through the primary key."""
+    owner = "acker"
+    for i in range(30):
+        store.message_insert(NewMessage(queue="q", body=bytes([i])))
+    held = store.message_claim(queues=["q"], limits=[30], owner=owner)
+    assert len(held) == 30
+    tags = [m.tag for m in held]
+    with psycopg.connect(pg_url) as conn:  # one transaction: its own index scans, counted
+        outcome = conn.execute(
+            sqlfiles.render("message_ack_claim", schema=store.schema),
+            ack_claim_params(tags[:10], [], [], owner, None, durable=False),
+        ).fetchall()
+        ids, run_counts = split_tags(tags[10:20])
+        alone = conn.execute(
+            sqlfiles.render("message_ack", schema=store.schema),
+            {"ids": ids, "run_counts": run_counts, "owner": owner, "durable": False},
+        ).fetchall()
+        scans = conn.execute(SQL["index_scans_in_transaction"], {"schema": store.schema}).fetchone()
+        conn.commit()
+    assert sorted(row[0] for row in outcome if row[10] == "acked") == sorted(m.id for m in held[:10])
+    assert sorted(row[0] for row in alone) == sorted(m.id for m in held[10:20])
+    assert scans == (0, 20), "(messages_held_idx, messages_pkey) scans: one primary-key lookup per acked id"
