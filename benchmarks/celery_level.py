@@ -186,14 +186,14 @@ def drain(
         worker.start()
         ready_at = worker.wait_ready()
         if total:
-            out.update(_wait_done(worker, client, key, total, ready_at, cap))
+            out.update(wait_done(worker, client, key, total, ready_at, cap))
             if out.get("partial"):
                 log(f"{kind} prefetch {prefetch}: {out['done']} of {total} tasks in the {cap:.0f} s cap")
                 purge(broker, queue)  # the latency phase must not queue behind the rest of the batch
         if latency is not None:
             out["latency"] = measure_latency(broker, queue, worker, client, key, rate=latency[0], seconds=latency[1])
     finally:
-        _stop_in_background(worker, broker, queue, log)
+        stop_in_background(worker, broker, queue, log)
     return out
 
 
@@ -210,7 +210,7 @@ def settle() -> None:
         _stopping.pop().join()
 
 
-def _stop_in_background(worker: Worker, broker: Broker, queue: str, log: Callable[[str], None]) -> None:
+def stop_in_background(worker: Worker, broker: Broker, queue: str, log: Callable[[str], None]) -> None:
     def finish() -> None:
         try:
             worker.stop()
@@ -229,9 +229,7 @@ def _stop_in_background(worker: Worker, broker: Broker, queue: str, log: Callabl
     _stopping.append(thread)
 
 
-def _wait_done(
-    worker: Worker, client: redis.Redis, key: str, total: int, ready_at: float, cap: float
-) -> dict[str, Any]:
+def wait_done(worker: Worker, client: redis.Redis, key: str, total: int, ready_at: float, cap: float) -> dict[str, Any]:
     deadline = ready_at + cap
     while time.time() < deadline:
         done_at = client.get(key + "done")

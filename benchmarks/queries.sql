@@ -159,6 +159,37 @@ WHERE m.id = (
 )
 RETURNING m.id;
 
+-- name: floor_round_trip
+-- drain_profile.py's floor of a statement: a round trip of 7 parameters that touches no table.
+SELECT %(p0)s::int, %(p1)s::int, %(p2)s::int, %(p3)s::int, %(p4)s::int, %(p5)s::int, %(p6)s::int;
+
+-- name: floor_copy_messages
+-- drain_profile.py: a queue's rows of akadze's messages table copied into the bare table, so the bare
+-- statement below works on the same payloads as akadze's.
+INSERT INTO {schema}.{table} (queue, body, content_type, content_encoding, headers, properties)
+SELECT 'q', body, content_type, content_encoding, headers, properties
+FROM {source}.messages WHERE queue = %(queue)s ORDER BY id;
+
+-- name: floor_ack_claim
+-- drain_profile.py's floor of the statement a claim needs: delete the row claimed last (fenced as an
+-- ack) and claim the next (as floor_claim), returning what a delivery needs, in one statement, on the
+-- columns and indexes of akadze's messages but without akadze's function around it.
+WITH acked AS (
+    DELETE FROM {schema}.{table} AS m
+    WHERE m.id = %(ack_id)s AND m.run_count = %(ack_run_count)s AND m.state = 'held' AND m.owner = 'floor'
+)
+UPDATE {schema}.{table} AS m
+SET state = 'held', run_count = m.run_count + 1, attempts = m.attempts + 1, owner = 'floor', claimed_at = now()
+WHERE m.id = (
+    SELECT r.id FROM {schema}.{table} AS r
+    WHERE r.queue = 'q' AND r.state = 'ready'
+    ORDER BY r.priority DESC, r.id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING m.id, m.queue, m.priority, m.body, m.content_type, m.content_encoding, m.headers, m.properties,
+          m.run_count, m.attempts;
+
 -- name: floor_listen
 -- The latency floor's consumer waits for wake-ups on one channel.
 LISTEN {channel};
