@@ -122,10 +122,13 @@ class HubDriver:
             self._in_flight = False
             self.claims_of.settle_claim(SETTLE_TIMEOUT)
 
-    def wake(self, *, ready: bool = False) -> None:
-        """Write outcomes and (if anything may be ready) claim at the end of this tick; calls coalesce."""
+    def wake(self, *, ready: bool = False, anywhere: bool = True) -> None:
+        """Write outcomes and (if anything may be ready) claim at the end of this tick; calls coalesce.
+        *anywhere* False: the caller opened the windows that may find something itself (the heartbeat's
+        report names its queues), so on_ready is not told."""
         if ready:
-            self.on_ready()
+            if anywhere:
+                self.on_ready()
             with self._ready_lock:
                 self.maybe_ready = True
                 self._readies += 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, cast
 
 from kombu_akadze.consume import rounds
@@ -80,6 +80,9 @@ class Deliverer:
         self._lock = threading.Lock()
         self._woken = 0
         self._planned_at = 0
+        #: Windows a report of queues with a claimable message (queues_may_be_ready) opened since the round
+        #: in flight was planned: open still once it finishes, whatever it found for its own windows.
+        self._opened: set[Any] = set()
 
     def free_slots(self, channel: Channel) -> int:
         """How many more messages *channel* may hold: its prefetch window less what it holds and buffers
@@ -109,6 +112,21 @@ class Deliverer:
             self._woken += 1
             self._may_have_more = None
 
+    def queues_may_be_ready(self, queues: Iterable[str]) -> None:
+        """The heartbeat's report: a message is claimable now in *queues*. The windows that consume one of
+        them may find more; no other window is opened for it. Opening every window (as a wake-up does)
+        made a worker whose task window was full, with a task waiting, claim for Celery's pidbox at every
+        beat for nothing. A report that names no queue any consuming window has opens every window."""
+        wanted = set(queues)
+        owners = {c for c in self.channels() if c.consuming() and not wanted.isdisjoint(c.consumed_queues())}
+        if not owners:
+            self.anything_may_be_ready()
+            return
+        with self._lock:
+            self._opened |= owners
+            if self._may_have_more is not None:
+                self._may_have_more |= owners
+
     def buffered(self) -> int:
         return sum(len(c.claimed) for c in self.channels())
 
@@ -120,7 +138,9 @@ class Deliverer:
         at every claim of a busy worker, was claimed and parked on again inside each ack+claim."""
         for channel in self.channels():
             channel.qos.flush(("bury", "requeue"))
-        self._planned_at = self._woken
+        with self._lock:
+            self._planned_at = self._woken
+            self._opened = set()  # those opened until now are in this plan's windows
         plan = rounds.plan(self._windows(woken_only=woken_only), self._rotation)
         self._rotation += 1
         return plan
@@ -134,7 +154,7 @@ class Deliverer:
             got[message.queue] = got.get(message.queue, 0) + 1
         owners = plan.more_for(got)
         with self._lock:
-            self._may_have_more = owners if self._woken == self._planned_at else None
+            self._may_have_more = (owners | self._opened) if self._woken == self._planned_at else None
         return len(claimed), bool(owners)
 
     def claim_round(self) -> tuple[int, bool]:

@@ -372,7 +372,8 @@ class Transport(virtual.Transport):
         beat (never under an event loop: its thread owns the claims)."""
         heartbeat = self.lease.heartbeat
         if heartbeat is not None and heartbeat.ready:
-            self.wake(ready=True)
+            self.deliverer.queues_may_be_ready(heartbeat.ready)  # only the windows of the queues it names
+            self.wake(ready=True, anywhere=False)
         if heartbeat is not None and self.unbound_until:
             opts = self.options
             try:  # on the heartbeat's session, open anyway: Celery's event producer needs none of its own
@@ -413,11 +414,12 @@ class Transport(virtual.Transport):
         else:
             self.waker.wake()  # drain_events claims at every turn
 
-    def wake(self, *, ready: bool = False) -> None:
-        """Make the consuming loop run now (and claim, if *ready*)."""
+    def wake(self, *, ready: bool = False, anywhere: bool = True) -> None:
+        """Make the consuming loop run now (and claim, if *ready*: for every window, or *anywhere* False
+        for those the caller opened with Deliverer.queues_may_be_ready)."""
         driver = self._driver
         if driver is not None and driver.running:
-            driver.wake(ready=ready)
+            driver.wake(ready=ready, anywhere=anywhere)
         else:
             self.waker.wake()
 

@@ -15,13 +15,15 @@ from kombu_akadze.transport.delivery import Deliverer
 class QoS:
     def __init__(self, prefetch: int) -> None:
         self.prefetch_count = prefetch
+        #: Slots free: all of them, until a test fills the window.
+        self.free = prefetch
         self.flushed: list[tuple[str, ...]] = []
         #: Run when the planner asks how many slots are free (what another thread does meanwhile).
         self.on_ask: Callable[[], None] = lambda: None
 
     def can_consume_max_estimate(self) -> int:
         self.on_ask()
-        return self.prefetch_count
+        return self.free
 
     def flush(self, kinds: tuple[str, ...]) -> None:
         self.flushed.append(kinds)
@@ -90,4 +92,58 @@ def test_a_wake_up_that_lands_while_a_round_is_planned_reopens_every_window() ->
     assert plan.wanted == {"qa": 2}
     deliverer.finish_round(plan, [])  # qa empty now too
     assert deliverer.has_free_slot(), "the wake-up for qb was lost: its message waits for the heartbeat"
+    assert deliverer.plan_round(woken_only=True).wanted == {"qa": 2, "qb": 2}
+
+
+def test_the_heartbeats_report_opens_only_the_windows_of_the_queues_it_names() -> None:
+    # qa's window is full, with a message waiting in qa; qb (Celery's pidbox, say) came back empty. The
+    # heartbeat reports qa: no window with a free slot consumes it, so there is nothing to claim. Opening
+    # every window, as a wake-up does, made the worker claim qb at every beat for as long as the task ran.
+    deliverer, a, _ = rig()
+    plan = deliverer.plan_round(woken_only=True)
+    deliverer.finish_round(plan, messages("qa", 2))  # qa filled its window; qb came back empty
+    a.claimed.clear()
+    a.qos.free = 0  # the window is full: both delivered, neither settled
+    deliverer.queues_may_be_ready(["qa"])
+    assert not deliverer.has_free_slot()
+    assert deliverer.plan_round(woken_only=True).wanted == {}
+    a.qos.free = 1  # a task acked: qa's window claims again
+    assert deliverer.plan_round(woken_only=True).wanted == {"qa": 1}
+
+
+def test_the_heartbeats_report_reopens_a_window_that_waits_for_a_wake_up() -> None:
+    deliverer, a, _ = rig()
+    plan = deliverer.plan_round(woken_only=True)
+    deliverer.finish_round(plan, messages("qa", 2))  # qb came back empty: its window waits
+    a.claimed.clear()
+    deliverer.queues_may_be_ready(["qb"])  # a lost wake-up: the heartbeat finds qb's message
+    assert deliverer.plan_round(woken_only=True).wanted == {"qa": 2, "qb": 2}
+
+
+def test_a_report_that_lands_while_a_round_is_planned_outlives_that_round() -> None:
+    # As a wake-up (above): the round planned before it does not ask qb, so qb's window stays open after it.
+    deliverer, a, _ = rig()
+    plan = deliverer.plan_round(woken_only=True)
+    deliverer.finish_round(plan, messages("qa", 2))
+    a.claimed.clear()
+    landed: list[bool] = []
+
+    def report_meanwhile() -> None:
+        if not landed:
+            landed.append(True)
+            deliverer.queues_may_be_ready(["qb"])
+
+    a.qos.on_ask = report_meanwhile
+    plan = deliverer.plan_round(woken_only=True)
+    assert landed
+    deliverer.finish_round(plan, [])  # qa came back empty too
+    assert deliverer.plan_round(woken_only=True).wanted == {"qb": 2}, "the report for qb was lost"
+
+
+def test_a_report_of_queues_no_window_consumes_opens_every_window() -> None:
+    deliverer, a, _ = rig()
+    plan = deliverer.plan_round(woken_only=True)
+    deliverer.finish_round(plan, [])  # both came back empty
+    assert not deliverer.has_free_slot()
+    deliverer.queues_may_be_ready(["elsewhere"])
     assert deliverer.plan_round(woken_only=True).wanted == {"qa": 2, "qb": 2}
