@@ -141,7 +141,7 @@ def test_a_report_that_lands_while_a_round_is_planned_outlives_that_round() -> N
 
 
 def test_a_report_of_queues_no_window_consumes_opens_every_window() -> None:
-    deliverer, a, _ = rig()
+    deliverer, _, _ = rig()
     plan = deliverer.plan_round(woken_only=True)
     deliverer.finish_round(plan, [])  # both came back empty
     assert not deliverer.has_free_slot()
