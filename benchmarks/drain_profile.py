@@ -18,14 +18,12 @@ claim UPDATE of latency_floor.py, and akadze's own message_ack_claim (ack the la
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,38 +35,16 @@ sys.path.insert(0, str(HERE))
 import brokers  # noqa: E402
 import celery_level  # noqa: E402
 import celeryapp  # noqa: E402
+import proccpu  # noqa: E402
 from pgstats import Pg, render  # noqa: E402
 
 from kombu_akadze.store import sqlfiles  # noqa: E402
 from kombu_akadze.store.records import ack_claim_params  # noqa: E402
 
-TICK = os.sysconf("SC_CLK_TCK")
+#: The broker's server processes, by command name (as publishers.py charges a publish to its server).
 SERVERS = {"akadze": ("postgres",), "rabbitmq": ("beam.smp",)}
 #: Per (broker, prefetch multiplier): each drain's figures.
 Samples = dict[tuple[str, int], list[dict[str, Any]]]
-
-
-@dataclass(frozen=True)
-class Proc:
-    ppid: int
-    comm: str
-    cpu: float  # seconds, user + system, every thread
-
-
-def processes() -> dict[int, Proc]:
-    """Every process now: parent, command name, CPU so far."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            text = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        comm = text[text.index("(") + 1 : text.rindex(")")]
-        fields = text[text.rindex(")") + 2 :].split()
-        found[int(entry)] = Proc(int(fields[1]), comm, (int(fields[11]) + int(fields[12])) / TICK)
-    return found
 
 
 def waited(pid: int) -> float:
@@ -76,12 +52,12 @@ def waited(pid: int) -> float:
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
 
 
-def groups(procs: dict[int, Proc], main: int, broker: str) -> dict[str, float]:
-    """CPU seconds so far of the worker's main process, its children, and the broker's server."""
+def groups(main: int, broker: str) -> dict[str, dict[int, float] | None]:
+    """CPU seconds so far, by pid, of the worker's main process, its children, and the broker's server."""
     return {
-        "main": procs[main].cpu if main in procs else 0.0,
-        "children": sum(p.cpu for p in procs.values() if p.ppid == main),
-        "server": sum(p.cpu for p in procs.values() if p.comm.startswith(SERVERS[broker])),
+        "main": proccpu.cpu_by_pid(lambda pid, comm, ppid: pid == main),
+        "children": proccpu.cpu_by_pid(lambda pid, comm, ppid: ppid == main),
+        "server": proccpu.named(SERVERS[broker]),
     }
 
 
@@ -99,10 +75,10 @@ def drain(broker: brokers.Broker, ends: brokers.Endpoints, run_id: str, prefetch
         assert worker.proc is not None
         main = worker.proc.pid
         commits = pg.activity_counter(False)
-        before, wait0 = groups(processes(), main, broker.name), waited(main)
+        before, wait0 = groups(main, broker.name), waited(main)
         started = int(worker.redis.get(key + "count") or 0)  # tasks done before the first reading
         done = celery_level.wait_done(worker, worker.redis, key, total, ready, cap=60.0)
-        after, wait1 = groups(processes(), main, broker.name), waited(main)
+        after, wait1 = groups(main, broker.name), waited(main)
         commits = pg.activity_counter(False) - commits
         measured = int(worker.redis.get(key + "count") or 0) - started
     finally:
@@ -111,7 +87,7 @@ def drain(broker: brokers.Broker, ends: brokers.Endpoints, run_id: str, prefetch
         celery_level.settle()
     if done.get("partial"):
         print(f"!! {broker.name} x{prefetch}: {done['done']} of {total} tasks in the 60 s cap")
-    per_task = {k: (after[k] - before[k]) * 1e6 / measured for k in after}
+    per_task = {k: (proccpu.cpu_used(before[k], after[k]) or 0.0) * 1e6 / measured for k in after}
     out = {"tasks_per_s": done["tasks_per_s"], **per_task, "waited": (wait1 - wait0) * 1e6 / measured}
     out["total"] = sum(per_task.values())
     if broker.kind == "akadze":
@@ -121,7 +97,7 @@ def drain(broker: brokers.Broker, ends: brokers.Endpoints, run_id: str, prefetch
 
 def backend_cpu(conn: psycopg.Connection) -> float:
     pid = conn.info.backend_pid
-    return processes()[pid].cpu
+    return (proccpu.cpu_by_pid(lambda p, comm, ppid: p == pid) or {}).get(pid, 0.0)
 
 
 def floors(ends: brokers.Endpoints, broker: brokers.Broker, run_id: str, count: int = 3000) -> dict[str, float]:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import contextlib
 import json
 import multiprocessing
-import os
 import queue as queue_module
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import proccpu
 
 #: ~1 KB of JSON, the body every variant sends (kombu serializes the same dict to the same bytes).
 PAYLOAD = {"task": "bench.publish", "pad": "x" * 990}
@@ -145,35 +146,6 @@ def publisher(target: Target, seconds: float, ready: Any, go: Any, results: Any,
             close()
 
 
-def server_cpu(names: tuple[str, ...]) -> dict[int, float] | None:
-    """CPU seconds (user + system) of each live process named *names*, by pid, from /proc (Linux; the server
-    on this machine); None where /proc cannot tell."""
-    try:
-        pids = [int(d) for d in os.listdir("/proc") if d.isdigit()]
-    except OSError:
-        return None
-    tick = os.sysconf("SC_CLK_TCK")
-    found: dict[int, float] = {}
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() not in names:
-                    continue
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            found[pid] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14 and 15 of stat)
-        except (OSError, IndexError, ValueError):
-            continue  # gone meanwhile, or not ours to read
-    return found
-
-
-def cpu_used(before: dict[int, float] | None, after: dict[int, float] | None) -> float | None:
-    """CPU seconds between two snapshots; a process that started meanwhile counts from zero."""
-    if before is None or after is None:
-        return None
-    return sum(used - before.get(pid, 0.0) for pid, used in after.items())
-
-
 def run_round(target: Target, *, processes: int, seconds: float) -> dict[str, Any]:
     """msgs/s of *processes* publishers of one variant started together, and the CPU each message cost the
     publishers (client) and the server's processes (server), in microseconds; errors are counted, not raised.
@@ -201,7 +173,7 @@ def run_round(target: Target, *, processes: int, seconds: float) -> dict[str, An
             else:
                 errors.append(problem)
         names = SERVER_PROCESSES.get(target.variant, DEFAULT_SERVER_PROCESSES)
-        server_before = server_cpu(names)
+        server_before = proccpu.named(names)
         go.set()
         rates = []
         sent = 0
@@ -218,7 +190,7 @@ def run_round(target: Target, *, processes: int, seconds: float) -> dict[str, An
                 client_cpu += outcome[3]
             else:
                 errors.append(outcome[1])
-        server_after = server_cpu(names)
+        server_after = proccpu.named(names)
     finally:
         go.set()
         release.set()
@@ -227,7 +199,7 @@ def run_round(target: Target, *, processes: int, seconds: float) -> dict[str, An
             if p.is_alive():
                 p.kill()
                 p.join(5)
-    server = cpu_used(server_before, server_after)
+    server = proccpu.cpu_used(server_before, server_after)
     return {
         "msgs_per_s": sum(rates), "processes": processes, "running": len(rates), "errors": errors,
         "client_us": client_cpu / sent * 1e6 if sent else None,

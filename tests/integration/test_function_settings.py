@@ -88,9 +88,9 @@ def test_the_functions_called_at_every_publish_and_claim_keep_one_generic_plan(s
 
 def test_an_ack_looks_its_rows_up_by_primary_key_not_among_the_consumers_held_rows(pg_url: str, store: Store) -> None:
     """The ack's fence (state held, this owner) is messages_held_idx's predicate and key. Planned generically,
-    an ack that said so walked that index: every row the consumer had claimed since the last VACUUM, dead ones
-    included, so each ack cost more the longer the consumer had run (0023). Both acks (inside ack_claim, and
-    alone) must find their rows through the primary key."""
+    an ack that said so walked that index over the consumer's entries and joined each against all the acked
+    ids, a cost of rows held times rows acked (0023). Both acks (inside ack_claim, and alone) must find their
+    rows through the primary key."""
     owner = "acker"
     for i in range(30):
         store.message_insert(NewMessage(queue="q", body=bytes([i])))
