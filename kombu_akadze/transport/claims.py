@@ -89,6 +89,8 @@ class ClaimCycle:
         finish_claim() collects the outcome once claim_done()."""
         if self._pending is not None:
             raise RuntimeError("a claim is already in flight")
+        if not claim and not self.acks_waiting():
+            return False  # nothing to write: the tick after each delivery, while the windows are full
         if claim:
             plan = self.deliverer.plan_round(woken_only=True)
         else:
