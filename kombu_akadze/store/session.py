@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json as stdlib_json
 import logging
 import os
 import threading
@@ -205,22 +204,8 @@ def _warn_pooled(dsn: str, role: str, *, timeouts_ok: bool) -> None:
 
 def kombu_json_setup(conn: psycopg.Connection[Any]) -> None:
     """JSON columns use kombu's codec so datetimes, UUIDs and decimals in headers round-trip."""
-    psycopg.types.json.set_json_loads(json_loads, conn)
+    psycopg.types.json.set_json_loads(wire.json_loads, conn)
     psycopg.types.json.set_json_dumps(kombu_json.dumps, conn)
-
-
-#: What kombu's JSON encoder writes for a value plain JSON lacks (a datetime, UUID, Decimal...).
-_KOMBU_TYPED = b'"__type__"'
-
-
-def json_loads(data: bytes | bytearray | memoryview | str) -> Any:
-    """kombu's JSON decoding, without its per-object hook for a document that has no typed value in
-    it: a claimed message's headers and properties are two documents (jsonb prints every key as is,
-    so a typed value always shows its "__type__" key)."""
-    raw = data.encode() if isinstance(data, str) else bytes(data)
-    if _KOMBU_TYPED in raw:
-        return kombu_json.loads(raw)  # type: ignore[no-untyped-call]
-    return stdlib_json.loads(raw)
 
 
 def wake_channel(schema: str, consumer_id: str) -> str:

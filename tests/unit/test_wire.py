@@ -57,3 +57,17 @@ def test_bytes_go_as_binary_and_the_rest_as_text_in_placeholder_order() -> None:
     values, formats = wire.parameters({"a": 7, "b": b"\x00\xff"}, names)
     assert values == [b"\x00\xff", b"7"]
     assert formats == [wire.BINARY, wire.TEXT]
+
+
+def test_a_subclass_of_a_written_type_is_written_as_its_base() -> None:
+    import enum
+
+    class Level(enum.IntEnum):
+        HIGH = 9
+
+    class Name(str):
+        pass
+
+    assert wire.text(Level.HIGH) == b"9"
+    assert wire.text(Name("q")) == b"q"
+    assert wire.text([Name("a"), "b"]) == b'{"a","b"}'
