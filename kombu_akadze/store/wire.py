@@ -61,10 +61,9 @@ def text(value: Any) -> bytes | None:
 
 
 def _array(items: list[Any]) -> bytes:
-    kinds = set(map(type, items))
-    if kinds <= {int}:
+    if all(type(v) is int for v in items):
         return ("{" + ",".join(map(str, items)) + "}").encode()
-    if kinds <= {str} or all(isinstance(v, str) for v in items):
+    if all(isinstance(v, str) for v in items):
         return ("{" + ",".join(_array_element(v) for v in items) + "}").encode()
     raise TypeError("no text form for an array parameter that is not all int or all str")
 
