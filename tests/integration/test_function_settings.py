@@ -112,3 +112,39 @@ def test_an_ack_looks_its_rows_up_by_primary_key_not_among_the_consumers_held_ro
     assert sorted(row[0] for row in outcome if row[10] == "acked") == sorted(m.id for m in held[:10])
     assert sorted(row[0] for row in alone) == sorted(m.id for m in held[10:20])
     assert scans == (0, 20), "(messages_held_idx, messages_pkey) scans: one primary-key lookup per acked id"
+
+
+def test_every_other_fenced_outcome_looks_its_rows_up_by_primary_key(pg_url: str, store: Store) -> None:
+    """Release, refuse, requeue and bury carry the ack's fence, and their statements are prepared once they
+    run often: planned generically, a fence written as two conditions walked messages_held_idx over every row
+    the consumer holds (as the ack did before 0023), and requeue_or_bury's two statements every held row of
+    the table (before 0024). Each finds its rows through the primary key."""
+    owner = "outcomes"
+    for i in range(40):
+        store.message_insert(NewMessage(queue="q", body=bytes([i])))
+    held = store.message_claim(queues=["q"], limits=[40], owner=owner)
+    assert len(held) == 40
+    batches = {
+        name: [m.tag for m in held[i * 10 : i * 10 + 10]]
+        for i, name in enumerate(("message_release", "message_refuse", "message_requeue", "message_bury"))
+    }
+    extra = {"message_requeue": {"max_attempts": 5, "exhausted_reason": "x"}, "message_bury": {"reason": "x"}}
+    with psycopg.connect(pg_url) as conn:  # one transaction: its own index scans, counted
+        conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        found = {}
+        for name, tags in batches.items():
+            ids, run_counts = split_tags(tags)
+            before = conn.execute(SQL["index_scans_in_transaction"], {"schema": store.schema}).fetchone()
+            rows = conn.execute(
+                sqlfiles.render(name, schema=store.schema),
+                {"ids": ids, "run_counts": run_counts, "owner": owner, **extra.get(name, {})},
+                prepare=True,
+            ).fetchall()
+            after = conn.execute(SQL["index_scans_in_transaction"], {"schema": store.schema}).fetchone()
+            assert before is not None
+            assert after is not None
+            found[name] = (sorted(row[0] for row in rows), after[0] - before[0])
+        conn.commit()
+    assert found == {name: (sorted(tag[0] for tag in tags), 0) for name, tags in batches.items()}, (
+        "(ids, messages_held_idx scans) per outcome"
+    )

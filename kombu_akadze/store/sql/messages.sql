@@ -142,13 +142,16 @@ WHERE set_config('synchronous_commit',
 
 -- name: message_release
 -- Graceful give-back (shutdown, connection close): ready again in place, the
--- attempt given back, fenced on (id, run_count, owner).
+-- attempt given back, fenced on (id, run_count, owner). The owner fence is one
+-- (... AND ...) IS TRUE condition here and in the three outcomes below, as in the
+-- ack (0023 and 0024): a generic plan then looks the ids up by primary key and
+-- never walks messages_held_idx over every row the consumer holds.
 WITH released AS (
     UPDATE {schema}.messages AS m
     SET state = 'ready', owner = NULL, claimed_at = NULL,
         attempts = GREATEST(m.attempts - 1, 0)
     FROM unnest(%(ids)s::bigint[], %(run_counts)s::integer[]) AS t(id, run_count)
-    WHERE m.id = t.id AND m.run_count = t.run_count AND m.state = 'held' AND m.owner = %(owner)s
+    WHERE m.id = t.id AND m.run_count = t.run_count AND (m.state = 'held' AND m.owner = %(owner)s) IS TRUE
     RETURNING m.id, m.queue
 ), woken AS (
     SELECT {schema}.wake(ARRAY(SELECT queue FROM released)) AS n
@@ -165,7 +168,7 @@ WITH refused AS (
     SET state = 'ready', owner = NULL, claimed_at = NULL,
         attempts = GREATEST(m.attempts - 1, 0), run_count = m.run_count - 1
     FROM unnest(%(ids)s::bigint[], %(run_counts)s::integer[]) AS t(id, run_count)
-    WHERE m.id = t.id AND m.run_count = t.run_count AND m.state = 'held' AND m.owner = %(owner)s
+    WHERE m.id = t.id AND m.run_count = t.run_count AND (m.state = 'held' AND m.owner = %(owner)s) IS TRUE
     RETURNING m.id, m.queue
 ), woken AS (
     SELECT {schema}.wake(ARRAY(SELECT queue FROM refused)) AS n
@@ -183,7 +186,7 @@ WITH outcome AS (
         FROM {schema}.messages AS m
         JOIN unnest(%(ids)s::bigint[], %(run_counts)s::integer[]) AS t(id, run_count)
           ON m.id = t.id AND m.run_count = t.run_count
-        WHERE m.state = 'held' AND m.owner = %(owner)s
+        WHERE (m.state = 'held' AND m.owner = %(owner)s) IS TRUE
         FOR UPDATE OF m
     ), %(max_attempts)s::integer, %(exhausted_reason)s::text) AS r
 ), woken AS (
@@ -200,7 +203,7 @@ FROM {schema}.bury(ARRAY(
     FROM {schema}.messages AS m
     JOIN unnest(%(ids)s::bigint[], %(run_counts)s::integer[]) AS t(id, run_count)
       ON m.id = t.id AND m.run_count = t.run_count
-    WHERE m.state = 'held' AND m.owner = %(owner)s
+    WHERE (m.state = 'held' AND m.owner = %(owner)s) IS TRUE
     FOR UPDATE OF m
 ), %(reason)s::text) AS b(id);
 
