@@ -97,7 +97,9 @@ def sleep(total: int, seconds: float) -> None:
 @app.task(name=LATENCY)
 def latency(sent_at: float) -> None:
     started = time.time()
-    counter().rpush(key("latency"), repr(started - sent_at))
+    client = counter()
+    client.rpush(key("latency"), repr(started - sent_at))
+    client.rpush(key("latency_at"), f"{sent_at!r} {started!r}")  # which send it was (fleet.py splits it)
 
 
 @signals.worker_ready.connect

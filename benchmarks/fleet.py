@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
 import statistics
 import time
 import uuid
@@ -20,7 +21,7 @@ import celeryapp
 from brokers import Broker
 from celery import Celery
 from celery_level import Worker, percentile, purge
-from pgstats import Pg
+from pgstats import Pg, render
 
 SOLO = ("-P", "solo")
 #: 32 workers importing Celery at once on 2 cores take a while; a worker not ready by then is reported.
@@ -84,9 +85,22 @@ class Fleet:
             found += [float(v) * 1000.0 for v in w.redis.lrange(w.key + "latency", 0, -1)]
         return sorted(found)
 
+    def started_at(self) -> dict[float, float]:
+        """When each task started (epoch s), by the send time it carried: to pair with the producer's sends."""
+        return {sent_at: started for sent_at, (started, _) in self.started_by().items()}
+
+    def started_by(self) -> dict[float, tuple[float, int]]:
+        """As started_at, with the index of the worker that ran each task."""
+        found: dict[float, tuple[float, int]] = {}
+        for i, w in enumerate(self.workers):
+            for v in w.redis.lrange(w.key + "latency_at", 0, -1):
+                sent_at, started = v.split()
+                found[float(sent_at)] = (float(started), i)
+        return found
+
     def forget_latencies(self) -> None:
         for w in self.workers:
-            w.redis.delete(w.key + "latency")
+            w.redis.delete(w.key + "latency", w.key + "latency_at")
 
     def log_problems(self) -> dict[str, Any]:
         """Connection errors (counted by worker) and the first error lines of the logs."""
@@ -146,22 +160,69 @@ def producer_app(broker: Broker, queue: str) -> Celery:
     return app
 
 
-def trickle(app: Celery, queue: str, *, count: int, rate: float) -> tuple[float, list[float]]:
+class CommitFloor:
+    """The durable commit's own latency on the broker's server: a bare single-row INSERT (autocommit,
+    synchronous commit, prepared) into a table with akadze's columns and indexes, in a schema of its own in
+    *dsn*'s database (not the fleet's scratch database, whose transactions are counted)."""
+
+    def __init__(self, dsn: str, run_id: str) -> None:
+        import psycopg
+        from psycopg.types.json import Jsonb
+
+        self.schema, self.table = f"bench_{run_id}_floor", "messages"
+        self.conn = psycopg.connect(dsn, autocommit=True, application_name="akadze-bench-floor")
+        self.conn.execute(render("schema_create", schema=self.schema))
+        self.conn.execute(render("bare_table_create", schema=self.schema, table=self.table))
+        self.sql = render("bare_insert", schema=self.schema, table=self.table)
+        self.params = {"queue": "floor", "body": b"x" * 200, "content_type": "application/json",
+                       "content_encoding": "utf-8", "headers": Jsonb({}), "properties": Jsonb({})}  # fmt: skip
+
+    def commit_ms(self) -> float:
+        began = time.perf_counter()
+        self.conn.execute(self.sql, self.params, prepare=True)
+        return (time.perf_counter() - began) * 1000.0
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.conn.execute(render("schema_drop", schema=self.schema))
+        self.conn.close()
+
+
+def trickle(
+    app: Celery, queue: str, *, count: int, rate: float, floor: CommitFloor | None = None
+) -> tuple[float, dict[float, float], list[float]]:
     """Send *count* latency tasks at *rate*/s through the app's (pooled, already connected) producer: seconds,
-    and how long each send_task call took (ms, ascending). A send returns once the broker has the message as
-    its publish defines it: akadze's once the row is committed (a round trip and, for a persistent message, the
-    WAL flush); RabbitMQ's without confirms once the frame is written to the socket."""
-    sends: list[float] = []
+    how long each send_task call took (ms, by the send time the task carries), and with *floor* the bare
+    commit's latency (ms, ascending), one half-way between each two sends, when the task before has long
+    started. A send returns once the broker has the message as its publish defines it: akadze's once the row
+    is committed (a round trip and, for a persistent message, the WAL flush); RabbitMQ's without confirms once
+    the frame is written to the socket."""
+    sends: dict[float, float] = {}
+    floors: list[float] = []
     with app.producer_or_acquire() as producer:
         start = time.perf_counter()
         for i in range(count):
             pause = start + i / rate - time.perf_counter()
             if pause > 0:
                 time.sleep(pause)
-            began = time.perf_counter()
-            app.send_task(celeryapp.LATENCY, args=(time.time(),), queue=queue, producer=producer)
-            sends.append((time.perf_counter() - began) * 1000.0)
-        return time.perf_counter() - start, sorted(sends)
+            began, sent_at = time.perf_counter(), time.time()
+            app.send_task(celeryapp.LATENCY, args=(sent_at,), queue=queue, producer=producer)
+            sends[sent_at] = (time.perf_counter() - began) * 1000.0
+            if floor is not None:
+                pause = start + (i + 0.5) / rate - time.perf_counter()
+                if pause > 0:
+                    time.sleep(pause)
+                floors.append(floor.commit_ms())
+        return time.perf_counter() - start, sends, sorted(floors)
+
+
+def split(sends: dict[float, float], started: dict[float, float]) -> dict[str, float]:
+    """Each task's latency in two: its send_task call, and from the call's return to the task's start. The
+    p50/p99 of each (ms), over the tasks both sides saw."""
+    after = sorted((started[t] - t) * 1000.0 - ms for t, ms in sends.items() if t in started)
+    if not after:
+        return {}
+    return {"after_send_p50_ms": statistics.median(after), "after_send_p99_ms": percentile(after, 99)}
 
 
 def warm_up(app: Celery, fleet: Fleet, queue: str, timeout: float = 30.0) -> float | None:
@@ -194,9 +255,11 @@ def run_size(
     rate: float,
     redis_url: str,
     logdir: Path,
+    floor_dsn: str | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """One fleet of *size* on *broker*; *pg_dsn* (the scratch database) only for akadze."""
+    """One fleet of *size* on *broker*; *pg_dsn* (the scratch database) only for akadze; *floor_dsn* (another
+    database of the same server) for the bare commit's latency, measured during the trickle."""
     queue = broker.queue_name(f"fleet{size}-{uuid.uuid4().hex[:6]}", run_id)
     fleet = Fleet(broker, size=size, queue=queue, run_id=run_id, redis_url=redis_url, logdir=logdir)
     out: dict[str, Any] = {"broker": broker.name, "size": size}
@@ -223,9 +286,11 @@ def run_size(
                            "per_worker_per_s": net / idle_secs / state["ready"]}  # fmt: skip
             log(f"   idle: {out['idle']['per_s']:.2f} transactions/s ({out['idle']['per_worker_per_s']:.3f} "
                 f"per worker); sessions {out['sessions']}")  # fmt: skip
+        floor = stack.enter_context(contextlib.closing(CommitFloor(floor_dsn, run_id))) if floor_dsn else None
         first = counter(pg)
         start = time.monotonic()
-        sent_secs, sends = trickle(app, queue, count=tasks, rate=rate)
+        sent_secs, sent, floors = trickle(app, queue, count=tasks, rate=rate, floor=floor)
+        sends = sorted(sent.values())
         deadline = time.monotonic() + 15.0
         while len(fleet.latencies_ms()) < tasks and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -244,6 +309,12 @@ def run_size(
             out["latency"].update(
                 p50_ms=statistics.median(values), p99_ms=percentile(values, 99), max_ms=values[-1], worst_ms=values[-5:]
             )  # what p99 of a trickle is made of
+            started = fleet.started_by()
+            out["latency"].update(split(sent, {t: at for t, (at, _) in started.items()}))
+            trace = [(t, ms, *started.get(t, (None, None))) for t, ms in sorted(sent.items())]
+            (logdir / f"tasks-{broker.name}-{size}.json").write_text(json.dumps(trace))  # by hand: where a tail is
+        if floors:
+            out["latency"].update(floor_p50_ms=statistics.median(floors), floor_p99_ms=percentile(floors, 99))
         out.update(fleet.log_problems())
     return out
 

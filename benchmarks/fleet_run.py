@@ -145,13 +145,18 @@ class FleetBench:
                         b, size=n, run_id=self.run_id, pg_dsn=self.scratch.pg if b.kind == "akadze" else None,
                         sampler_count=sampler, idle_seconds=s.idle_seconds, tasks=s.trickle, rate=s.trickle_rate,
                         redis_url=self.ends.redis, logdir=self.logdir, log=self.log,
+                        floor_dsn=self.ends.pg if b.kind == "akadze" else None,
                     ),
                 )  # fmt: skip
                 self.results.fleet.append(out or {"broker": broker.name, "size": size, "error": "failed"})
                 if out and "latency" in out:
                     lat, x = out["latency"], out.get("trickle_xacts", {})
                     self.log(f"   p50 {lat.get('p50_ms', 0):.1f} ms, p99 {lat.get('p99_ms', 0):.1f} ms, "
-                             f"send_task p50 {lat.get('send_p50_ms', 0):.2f} ms, "
+                             f"send_task p50 {lat.get('send_p50_ms', 0):.2f} p99 {lat.get('send_p99_ms', 0):.2f} ms, "
+                             f"after the send p50 {lat.get('after_send_p50_ms', 0):.2f} "
+                             f"p99 {lat.get('after_send_p99_ms', 0):.2f} ms, "
+                             + (f"bare commit p50 {lat['floor_p50_ms']:.2f} p99 {lat['floor_p99_ms']:.2f} ms, "
+                                if "floor_p50_ms" in lat else "") +
                              f"first task {out.get('warmup_ms') or 0:.1f} ms "
                              f"({lat['count']} of {lat['sent']})"
                              + (f"; {x['per_task_raw']:.2f} transactions/task, {x['per_task_net']:.2f} net"
