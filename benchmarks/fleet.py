@@ -85,12 +85,9 @@ class Fleet:
             found += [float(v) * 1000.0 for v in w.redis.lrange(w.key + "latency", 0, -1)]
         return sorted(found)
 
-    def started_at(self) -> dict[float, float]:
-        """When each task started (epoch s), by the send time it carried: to pair with the producer's sends."""
-        return {sent_at: started for sent_at, (started, _) in self.started_by().items()}
-
     def started_by(self) -> dict[float, tuple[float, int]]:
-        """As started_at, with the index of the worker that ran each task."""
+        """When each task started (epoch s) and the index of the worker that ran it, by the send time the
+        task carried: to pair with the producer's sends."""
         found: dict[float, tuple[float, int]] = {}
         for i, w in enumerate(self.workers):
             for v in w.redis.lrange(w.key + "latency_at", 0, -1):
@@ -217,8 +214,8 @@ def trickle(
 
 
 def split(sends: dict[float, float], started: dict[float, float]) -> dict[str, float]:
-    """Each task's latency in two: its send_task call, and from the call's return to the task's start. The
-    p50/p99 of each (ms), over the tasks both sides saw."""
+    """The part of each task's latency after its send_task call returned (the rest is the call, *sends*):
+    p50/p99 in ms, over the tasks both sides saw."""
     after = sorted((started[t] - t) * 1000.0 - ms for t, ms in sends.items() if t in started)
     if not after:
         return {}
