@@ -21,7 +21,7 @@ import celeryapp
 from brokers import Broker
 from celery import Celery
 from celery_level import Worker, percentile, purge
-from pgstats import Pg, render
+from pgstats import Pg
 
 SOLO = ("-P", "solo")
 #: 32 workers importing Celery at once on 2 cores take a while; a worker not ready by then is reported.
@@ -158,31 +158,30 @@ def producer_app(broker: Broker, queue: str) -> Celery:
 
 
 class CommitFloor:
-    """The durable commit's own latency on the broker's server: a bare single-row INSERT (autocommit,
-    synchronous commit, prepared) into a table with akadze's columns and indexes, in a schema of its own in
-    *dsn*'s database (not the fleet's scratch database, whose transactions are counted)."""
+    """The durable commit's own latency on the broker's server: the publish part's bare single-row INSERT
+    (publishers.bare_sender: autocommit, synchronous commit, prepared) into a table with akadze's columns
+    and indexes, in a schema of its own in *dsn*'s database (not the fleet's scratch database, whose
+    transactions are counted)."""
 
     def __init__(self, dsn: str, run_id: str) -> None:
-        import psycopg
-        from psycopg.types.json import Jsonb
+        import publishers
 
-        self.schema, self.table = f"bench_{run_id}_floor", "messages"
-        self.conn = psycopg.connect(dsn, autocommit=True, application_name="akadze-bench-floor")
-        self.conn.execute(render("schema_create", schema=self.schema))
-        self.conn.execute(render("bare_table_create", schema=self.schema, table=self.table))
-        self.sql = render("bare_insert", schema=self.schema, table=self.table)
-        self.params = {"queue": "floor", "body": b"x" * 200, "content_type": "application/json",
-                       "content_encoding": "utf-8", "headers": Jsonb({}), "properties": Jsonb({})}  # fmt: skip
+        self.dsn, self.schema, table = dsn, f"bench_{run_id}_floor", "messages"
+        with Pg(dsn) as pg:
+            pg.run("schema_create", schema=self.schema)
+            pg.run("bare_table_create", schema=self.schema, table=table)
+        target = publishers.Target(variant="insert", queue="floor", dsn=dsn, schema=self.schema, table=table)
+        self._send, self._close = publishers.bare_sender(target)
 
     def commit_ms(self) -> float:
         began = time.perf_counter()
-        self.conn.execute(self.sql, self.params, prepare=True)
+        self._send()
         return (time.perf_counter() - began) * 1000.0
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.conn.execute(render("schema_drop", schema=self.schema))
-        self.conn.close()
+        self._close()
+        with contextlib.suppress(Exception), Pg(self.dsn) as pg:
+            pg.run("schema_drop", schema=self.schema)
 
 
 def trickle(
@@ -213,10 +212,10 @@ def trickle(
         return time.perf_counter() - start, sends, sorted(floors)
 
 
-def split(sends: dict[float, float], started: dict[float, float]) -> dict[str, float]:
+def split(sends: dict[float, float], started: dict[float, tuple[float, int]]) -> dict[str, float]:
     """The part of each task's latency after its send_task call returned (the rest is the call, *sends*):
-    p50/p99 in ms, over the tasks both sides saw."""
-    after = sorted((started[t] - t) * 1000.0 - ms for t, ms in sends.items() if t in started)
+    p50/p99 in ms, over the tasks both sides saw (*started*: Fleet.started_by)."""
+    after = sorted((started[t][0] - t) * 1000.0 - ms for t, ms in sends.items() if t in started)
     if not after:
         return {}
     return {"after_send_p50_ms": statistics.median(after), "after_send_p99_ms": percentile(after, 99)}
@@ -307,7 +306,7 @@ def run_size(
                 p50_ms=statistics.median(values), p99_ms=percentile(values, 99), max_ms=values[-1], worst_ms=values[-5:]
             )  # what p99 of a trickle is made of
             started = fleet.started_by()
-            out["latency"].update(split(sent, {t: at for t, (at, _) in started.items()}))
+            out["latency"].update(split(sent, started))
             trace = [(t, ms, *started.get(t, (None, None))) for t, ms in sorted(sent.items())]
             (logdir / f"tasks-{broker.name}-{size}.json").write_text(json.dumps(trace))  # by hand: where a tail is
         if floors:

@@ -55,7 +55,7 @@ class Target:
     channel: str = ""
 
 
-def _bare_sender(target: Target) -> tuple[Callable[[], None], Callable[[], None]]:
+def bare_sender(target: Target) -> tuple[Callable[[], None], Callable[[], None]]:
     import psycopg
     from pgstats import render
     from psycopg.types.json import Jsonb
@@ -121,7 +121,7 @@ def publisher(target: Target, seconds: float, ready: Any, go: Any, results: Any,
     """One publisher process: connect, say ready, wait for the start, publish for *seconds*, report, and keep
     the connection until released (its server process's CPU is read before it ends)."""
     try:
-        send, close = _bare_sender(target) if target.dsn else _kombu_sender(target)
+        send, close = bare_sender(target) if target.dsn else _kombu_sender(target)
     except Exception as exc:
         ready.put(f"{type(exc).__name__}: {exc}")
         return

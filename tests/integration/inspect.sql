@@ -205,3 +205,7 @@ SELECT count(*) FROM {schema}.consumers WHERE id = %(id)s;
 -- Index scans of the messages table so far in this transaction, by index: how a statement found its rows.
 SELECT pg_stat_get_xact_numscans(format('%%I.messages_held_idx', %(schema)s::text)::regclass) AS held_idx,
        pg_stat_get_xact_numscans(format('%%I.messages_pkey', %(schema)s::text)::regclass) AS pkey;
+
+-- name: generic_plans_in_transaction
+-- Plan every prepared statement generically for the rest of this transaction, as a plan cache may.
+SET LOCAL plan_cache_mode = force_generic_plan;

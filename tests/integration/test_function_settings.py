@@ -130,7 +130,7 @@ def test_every_other_fenced_outcome_looks_its_rows_up_by_primary_key(pg_url: str
     }
     extra = {"message_requeue": {"max_attempts": 5, "exhausted_reason": "x"}, "message_bury": {"reason": "x"}}
     with psycopg.connect(pg_url) as conn:  # one transaction: its own index scans, counted
-        conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        conn.execute(SQL["generic_plans_in_transaction"])
         found = {}
         for name, tags in batches.items():
             ids, run_counts = split_tags(tags)
