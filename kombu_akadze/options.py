@@ -111,6 +111,11 @@ class Options:
     #: acks and claims of its last ~0.6 s (3 x wal_writer_delay), so those messages run again;
     #: none is lost, since a publish, release, requeue or reject is always durable.
     durable_acks: bool = False
+    #: Seconds an ack may wait for others to ride in the same statement, on Celery's event loop while
+    #: the worker holds a task waiting for a pool process and still more than half its prefetch window
+    #: (a prefetch multiplier above 1): one statement then writes several acks and claims for their
+    #: slots together. It never delays the refill of an idle pool process (0: every tick's acks go at once).
+    ack_batch_delay: float = 0.002
     #: Messages published transient (delivery_mode=1: Celery's task_default_delivery_mode="transient",
     #: its events and remote-control messages) commit without waiting for the WAL flush: a crash of
     #: the server may lose those of its last ~0.6 s (3 x wal_writer_delay), as RabbitMQ loses transient
@@ -192,6 +197,8 @@ class Options:
             )
         if self.idle_close < 0:
             raise ConfigurationError("transport option idle_close must be >= 0 seconds (0: never)")
+        if not 0 <= self.ack_batch_delay <= 1:
+            raise ConfigurationError("transport option ack_batch_delay must be between 0 and 1 second (0: off)")
 
     def max_attempts_for(self, queue: str) -> int | None:
         """The configured per-queue max_attempts, if any."""

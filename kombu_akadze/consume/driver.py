@@ -27,6 +27,7 @@ class Claims(Protocol):
     def finish_claim(self) -> bool: ...
     def settle_claim(self, timeout: float) -> None: ...
     def acks_waiting(self) -> bool: ...
+    def batch_wait(self) -> float: ...
 
 
 #: How long a stop waits for the claim statement in flight, so what it claims goes back in place.
@@ -95,6 +96,8 @@ class HubDriver:
         #: it if no outcome carries that claim first.
         self._repark = False
         self._repark_timer: Any = None
+        #: The timer that sends the statement whose outcomes wait for more to ride along (see batch_wait).
+        self._batch_timer: Any = None
 
     def start(self) -> None:
         self._loop_thread = threading.get_ident()
@@ -113,10 +116,10 @@ class HubDriver:
         self._stopped = True
         self.hub.remove_reader(self.waker.fileno())
         self.hub.on_tick.discard(self._on_hub_tick)
-        for timer in (self._timer, self._soon, self._repark_timer):
+        for timer in (self._timer, self._soon, self._repark_timer, self._batch_timer):
             if timer is not None:
                 timer.cancel()
-        self._timer = self._soon = self._repark_timer = None
+        self._timer = self._soon = self._repark_timer = self._batch_timer = None
         self.unwatch_claim()
         if self._in_flight:
             self._in_flight = False
@@ -182,6 +185,10 @@ class HubDriver:
             return
         if self._in_flight:
             return  # its completion wakes the loop; the acks meanwhile ride with the next claim
+        wait = self.claims_of.batch_wait()
+        if wait > 0:
+            self._batch_later(wait)  # more acks ride in the statement; maybe_ready stays as it is
+            return
         readies = self._readies  # before the decision: a wake-up from here on keeps maybe_ready set
         claim = self._claim_wanted()
         started = self.claims_of.start_claim(claim=claim)
@@ -201,6 +208,16 @@ class HubDriver:
                 self.waker.wake()
         else:
             self._watch_claim()
+
+    def _batch_later(self, wait: float) -> None:
+        """The buffered outcomes wait *wait* seconds for more (consume.batching): a tick then, unless one is
+        due already (the oldest outcome only gets older, so the first timer is never late)."""
+        if self._batch_timer is None and not self._stopped:
+            self._batch_timer = self.hub.call_later(wait, self._batch_due)
+
+    def _batch_due(self) -> None:
+        self._batch_timer = None
+        self.wake()
 
     def _claim_wanted(self) -> bool:
         """Whether this tick's statement claims: something may be ready, or a window must park again and

@@ -52,6 +52,11 @@ class OutcomeBuffer:
         with self._lock:
             return len(self._pending)
 
+    def oldest(self) -> float | None:
+        """When (on the buffer's clock) the oldest outcome still waiting was buffered; None when none waits."""
+        with self._lock:
+            return self._since if self._pending else None
+
     def due(self, batch: int, delay: float) -> bool:
         """Whether to write now: *batch* outcomes wait, or the oldest has waited *delay* seconds."""
         with self._lock:

@@ -5,9 +5,12 @@ ride in it; requeues and rejects are written before it, as RabbitMQ's channel ap
 from __future__ import annotations
 
 import logging
+import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
+from kombu_akadze.consume.batching import batch_wait
 from kombu_akadze.consume.outcomes import Outcome
 from kombu_akadze.consume.rounds import Round
 from kombu_akadze.errors import AkadzeError, TransientDatabaseError
@@ -26,6 +29,20 @@ RETRY_FIRST = 0.01
 RETRY_MAX = 1.0
 
 
+def celery_tasks_waiting() -> bool:
+    """Whether Celery's worker in this process holds a task it received that waits for a pool process.
+    celery.worker.state keeps every request the worker reserved and those a pool process accepted (a
+    subset); a task received and not accepted yet waits. Outside a worker (that module not loaded, or
+    its sets empty) nothing does."""
+    state = sys.modules.get("celery.worker.state")
+    if state is None:
+        return False
+    try:
+        return len(state.reserved_requests) > len(state.active_requests)
+    except (AttributeError, TypeError):  # another Celery's state: never wait on a guess
+        return False
+
+
 def _tags_of(taken: Taken) -> list[tuple[int, int]]:
     return [parse_tag(tag) for _, batch in taken for _, tag in batch]
 
@@ -42,6 +59,8 @@ class ClaimCycle:
         qoses: Callable[[], list[QoS]],
         flush_outcomes: Callable[..., None],
         owner: str,
+        ack_batch_delay: float = 0.0,
+        tasks_waiting: Callable[[], bool] = celery_tasks_waiting,
     ) -> None:
         self.store = store
         self.deliverer = deliverer
@@ -49,6 +68,9 @@ class ClaimCycle:
         self.qoses = qoses
         self.flush_outcomes = flush_outcomes
         self.owner = owner
+        #: The longest an outcome waits for more to ride in the same statement (see batch_wait()).
+        self.ack_batch_delay = ack_batch_delay
+        self.tasks_waiting = tasks_waiting
         #: The claim round in flight on the command session, and the acks riding in it (event-loop path).
         self._pending: tuple[Round, Taken] | None = None
         #: Its outcome once read: (True, (claimed, acked ids)) or (False, the error it raised).
@@ -115,6 +137,21 @@ class ClaimCycle:
         except AkadzeError as exc:
             self._outcome = (False, exc)  # raised by finish_claim(), on the loop, like a late error
         return None
+
+    def batch_wait(self) -> float:
+        """Seconds the event loop's next statement waits so that more outcomes ride in it (0.0: send it
+        now): see consume.batching. Asked cheapest first: on a worker whose every task has a pool process
+        (prefetch multiplier 1, an idle worker) it stops at Celery's two set sizes."""
+        if self.ack_batch_delay <= 0 or not self.tasks_waiting():
+            return 0.0
+        oldest = min((t for t in (qos.outcomes.oldest() for qos in self.qoses()) if t is not None), default=None)
+        return batch_wait(
+            oldest=oldest,
+            now=time.monotonic(),
+            delay=self.ack_batch_delay,
+            windows=self.deliverer.prefetch_windows(),
+            tasks_waiting=True,
+        )
 
     def acks_waiting(self) -> bool:
         """Some ack is buffered, to be written with the next statement."""

@@ -246,6 +246,7 @@ class Transport(virtual.Transport):
             qoses=self._qoses,
             flush_outcomes=self.flush_outcomes,
             owner=self.consumer_id,
+            ack_batch_delay=self.options.ack_batch_delay,
         )
 
     def _new_store(self, role: str) -> Store:

@@ -91,9 +91,14 @@ class Statement:
         self.during: Callable[[], None] = lambda: None
         #: Whether an ack is buffered (what the next statement would write anyway).
         self.acks = False
+        #: What batch_wait() answers: seconds the next statement waits for more acks.
+        self.wait = 0.0
 
     def acks_waiting(self) -> bool:
         return self.acks
+
+    def batch_wait(self) -> float:
+        return self.wait
 
     def start_claim(self, *, claim: bool) -> bool | None:
         assert not self.in_flight, "a second claim while one is in flight"
@@ -397,3 +402,32 @@ def test_a_handoff_that_unparks_a_window_claims_on_its_own_if_no_ack_comes_soon(
     timer.callback()  # a long task: nothing acked within REPARK_DELAY
     tick(driver, hub)
     assert statement.sent[sent:] == [False, True]
+
+
+def test_acks_that_wait_for_more_send_nothing_until_their_timer_then_one_statement() -> None:
+    driver, hub, _, statement, _ = rig()
+    claim_lands(driver, hub, statement)
+    sent = len(statement.sent)
+    statement.acks, statement.wait = True, 0.0015  # an ack, and a task waiting for a pool process
+    driver.wake(ready=True)  # a wake-up too: it must survive the wait
+    tick(driver, hub)
+    tick(driver, hub)
+    assert statement.sent[sent:] == []
+    [timer] = [t for t in hub.timers if t.delay == 0.0015]
+    assert driver.maybe_ready
+    statement.wait = 0.0  # the delay is over
+    timer.callback()
+    tick(driver, hub)
+    assert statement.sent[sent:] == [True]  # the acks and the claim in one statement
+    assert [t for t in hub.timers if t.delay == 0.0015] == [timer]  # one timer for the whole wait
+
+
+def test_stop_cancels_the_timer_of_acks_that_wait() -> None:
+    driver, hub, _, statement, _ = rig()
+    claim_lands(driver, hub, statement)
+    statement.acks, statement.wait = True, 0.002
+    driver.wake()
+    tick(driver, hub)
+    [timer] = [t for t in hub.timers if t.delay == 0.002]
+    driver.stop()
+    assert timer.cancelled
