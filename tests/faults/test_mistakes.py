@@ -279,7 +279,7 @@ def test_a_misspelled_option_is_warned_about_once_with_the_closest_name(server: 
     print(f"\nwarnings: {len(warnings)}\n" + "\n".join(w[:160] for w in warnings))
     assert len(warnings) == 1
     assert "'heartbeat_intervl': did you mean 'heartbeat_interval'?" in warnings[0]
-    assert "valid options: auto_migrate," in warnings[0]
+    assert "valid options: ack_batch_delay, auto_migrate," in warnings[0]
 
 
 # -- URLs kombu cannot map to a transport ---------------------------------------------------------------
