@@ -34,7 +34,7 @@ def batch_wait(
     a pool process, so a freed slot leaves no process idle.
     """
     if delay <= 0 or oldest is None or not tasks_waiting:
-        return 0.0
+        return 0.0  # the cheap tests first: *windows* may be computed as it is read
     left = oldest + delay - now
     if left <= 0:
         return 0.0

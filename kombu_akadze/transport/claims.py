@@ -60,7 +60,6 @@ class ClaimCycle:
         flush_outcomes: Callable[..., None],
         owner: str,
         ack_batch_delay: float = 0.0,
-        tasks_waiting: Callable[[], bool] = celery_tasks_waiting,
     ) -> None:
         self.store = store
         self.deliverer = deliverer
@@ -70,7 +69,8 @@ class ClaimCycle:
         self.owner = owner
         #: The longest an outcome waits for more to ride in the same statement (see batch_wait()).
         self.ack_batch_delay = ack_batch_delay
-        self.tasks_waiting = tasks_waiting
+        #: Whether a task this process received waits for a pool process (a test sets its own).
+        self.tasks_waiting: Callable[[], bool] = celery_tasks_waiting
         #: The claim round in flight on the command session, and the acks riding in it (event-loop path).
         self._pending: tuple[Round, Taken] | None = None
         #: Its outcome once read: (True, (claimed, acked ids)) or (False, the error it raised).
@@ -140,17 +140,14 @@ class ClaimCycle:
 
     def batch_wait(self) -> float:
         """Seconds the event loop's next statement waits so that more outcomes ride in it (0.0: send it
-        now): see consume.batching. Asked cheapest first: on a worker whose every task has a pool process
-        (prefetch multiplier 1, an idle worker) it stops at Celery's two set sizes."""
-        if self.ack_batch_delay <= 0 or not self.tasks_waiting():
-            return 0.0
-        oldest = min((t for t in (qos.outcomes.oldest() for qos in self.qoses()) if t is not None), default=None)
+        now): see consume.batching. The windows are read only if the rule gets that far."""
+        buffered = [t for t in (qos.outcomes.oldest() for qos in self.qoses()) if t is not None]
         return batch_wait(
-            oldest=oldest,
+            oldest=min(buffered, default=None),
             now=time.monotonic(),
             delay=self.ack_batch_delay,
             windows=self.deliverer.prefetch_windows(),
-            tasks_waiting=True,
+            tasks_waiting=self.tasks_waiting(),
         )
 
     def acks_waiting(self) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 from kombu_akadze.consume import rounds
@@ -93,14 +93,14 @@ class Deliverer:
             return max(self.claim_batch - buffered, 0)
         return max((qos.can_consume_max_estimate() or 0) - buffered, 0)
 
-    def prefetch_windows(self) -> list[tuple[int, int]]:
+    def prefetch_windows(self) -> Iterator[tuple[int, int]]:
         """(free slots, prefetch count) of each consuming channel with a prefetch limit (Celery's task
-        consumer; its remote control has none)."""
-        return [
+        consumer; its remote control has none), computed as the caller iterates."""
+        return (
             (self.free_slots(channel), channel.qos.prefetch_count)
             for channel in self.channels()
             if channel.consuming() and channel.qos.prefetch_count
-        ]
+        )
 
     def _windows(self, *, woken_only: bool = False) -> list[Window]:
         """Every consuming channel's window; *woken_only*: those that may find more (anything_may_be_ready)."""
